@@ -1,0 +1,28 @@
+// Who am I and where is the store: read from the launcher's environment.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "rdmacc/config.hpp"
+#include "rdmacc/store.hpp"
+
+namespace rdmacc {
+
+struct GroupEnvironment {
+  int rank = 0;
+  int size = 1;
+  int localRank = 0;
+  std::string launcher;  // "torchrun/rdmacc-run", "mpirun", "srun" or "single process"
+  std::shared_ptr<Store> store;
+};
+
+// Rank and size from RANK/WORLD_SIZE (torchrun, rdmacc-run),
+// OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (Open MPI), PMI_RANK/PMI_SIZE
+// (MPICH, Intel MPI) or SLURM_PROCID/SLURM_NTASKS (srun); with none of them,
+// a group of one. The store is a TCPStore at MASTER_ADDR:MASTER_PORT, hosted by
+// rank 0 unless RDMACC_AGENT_STORE=1 says the launcher hosts it. Throws Error
+// naming the variable that is missing or malformed.
+GroupEnvironment groupFromEnvironment(const Config& config);
+
+}  // namespace rdmacc

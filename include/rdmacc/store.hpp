@@ -1,0 +1,147 @@
+// Key-value stores through which the ranks of a group find each other
+// (c10d's Store: set, get that waits, add, check, wait, deleteKey).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace rdmacc {
+
+using Bytes = std::vector<uint8_t>;
+
+Bytes toBytes(std::string_view text);
+std::string toString(const Bytes& bytes);
+
+// Thread-safe: every method may be called from any thread.
+class Store {
+ public:
+  static constexpr std::chrono::milliseconds kDefaultTimeout{300'000};
+
+  explicit Store(std::chrono::milliseconds timeout = kDefaultTimeout) : timeout_(timeout) {}
+  virtual ~Store() = default;
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  virtual void set(const std::string& key, const Bytes& value) = 0;
+  // Waits up to timeout() for the key; throws Error(Timeout) naming it.
+  virtual Bytes get(const std::string& key) = 0;
+  // Adds delta to the integer stored at key (0 if absent) and returns the sum.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // True when every key exists, without waiting.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  // Waits until every key exists; throws Error(Timeout) naming the missing keys.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
+  // True when the key existed.
+  virtual bool deleteKey(const std::string& key) = 0;
+
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  void setTimeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
+
+ private:
+  std::chrono::milliseconds timeout_;
+};
+
+// In-process store, for tests and single-process groups.
+class HashStore final : public Store {
+ public:
+  explicit HashStore(std::chrono::milliseconds timeout = kDefaultTimeout);
+  ~HashStore() override;
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool deleteKey(const std::string& key) override;
+  using Store::wait;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// A store in a file on a file system that every rank sees (NFS, Lustre, /tmp
+// for one host). Records are appended under an flock(); readers replay them.
+class FileStore final : public Store {
+ public:
+  explicit FileStore(std::string path, std::chrono::milliseconds timeout = kDefaultTimeout);
+  ~FileStore() override;
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool deleteKey(const std::string& key) override;
+  using Store::wait;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// The TCP store server: a single thread serving any number of clients.
+// Malformed frames close that client's connection and never the server.
+// Thread-safe: construct, query port(), destroy (stops and joins the thread).
+class TCPStoreServer {
+ public:
+  // port 0 picks a free port. Throws Error(Store) if it cannot listen.
+  explicit TCPStoreServer(const std::string& host = "0.0.0.0", uint16_t port = 0);
+  ~TCPStoreServer();
+  TCPStoreServer(const TCPStoreServer&) = delete;
+  TCPStoreServer& operator=(const TCPStoreServer&) = delete;
+  uint16_t port() const noexcept;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+struct TCPStoreOptions {
+  bool isServer = false;  // host the server in this process (rank 0)
+  std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+  // How long to keep retrying the first connection (the server may start later).
+  std::chrono::milliseconds connectTimeout = std::chrono::seconds(60);
+};
+
+// The client (and, with isServer, the server). Reconnects after a broken
+// connection on the next call; fails with Error(Store) naming host:port.
+class TCPStore final : public Store {
+ public:
+  TCPStore(std::string host, uint16_t port, TCPStoreOptions options = {});
+  ~TCPStore() override;
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool deleteKey(const std::string& key) override;
+  using Store::wait;
+  uint16_t port() const noexcept;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Prepends prefix + "/" to every key: one store, many groups.
+class PrefixStore final : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> store);
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool deleteKey(const std::string& key) override;
+  using Store::wait;
+
+ private:
+  std::string key(const std::string& k) const { return prefix_ + "/" + k; }
+  std::string prefix_;
+  std::shared_ptr<Store> store_;
+};
+
+}  // namespace rdmacc

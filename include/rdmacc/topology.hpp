@@ -1,0 +1,86 @@
+// What RDMA hardware this host has, and which device, port, address and GID
+// rdmacc would use with a given configuration (rdmacc-info prints both).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rdmacc/config.hpp"
+
+namespace rdmacc {
+
+struct GidEntry {
+  int index = 0;
+  std::array<uint8_t, 16> raw{};
+  std::string address;  // text form, e.g. ::ffff:192.168.77.1
+  std::string type;     // "RoCE v2", "IB/RoCE v1", or "" when unknown
+  std::string netdev;   // the netdev the GID belongs to (RoCE), if known
+
+  // The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), host byte order.
+  std::optional<uint32_t> ipv4() const;
+  bool isRoceV2() const { return type == "RoCE v2"; }
+};
+
+struct PortInfo {
+  int port = 1;
+  bool active = false;
+  std::string state;        // "ACTIVE", "DOWN", ...
+  std::string linkLayer;    // "Ethernet" (RoCE) or "InfiniBand"
+  int activeMtu = 0;        // bytes
+  int maxMtu = 0;           // bytes
+  std::vector<GidEntry> gids;
+};
+
+struct DeviceInfo {
+  std::string name;
+  std::string firmware;
+  uint64_t nodeGuid = 0;
+  int maxQpWr = 0;
+  int maxCqe = 0;
+  uint64_t maxMrSize = 0;
+  std::vector<PortInfo> ports;
+};
+
+// Every RDMA device with every port. An empty list is not an error.
+std::vector<DeviceInfo> listDevices();
+
+// Where rdmacc will talk from.
+struct Endpoint {
+  std::string device;
+  int port = 1;
+  std::string ipv4;    // address rdma_cm binds to
+  int gidIndex = 0;
+  std::string gid;     // text form of the chosen GID
+  std::string gidType;
+  int activeMtu = 0;   // bytes, this port's
+  std::string reason;  // how the choice was made, for rdmacc-info and logs
+};
+
+// Chooses device, port and address from RDMACC_IB_HCA, RDMACC_SOCKET_IFNAME,
+// RDMACC_IB_GID_INDEX. Throws Error(NoDevice/InvalidArgument) that names what
+// exists and what to change.
+Endpoint selectEndpoint(const Config& config);
+
+// The GID rule alone, on a port's table (pure; tested without a device):
+// an explicit index must exist (and be RoCE v2 on Ethernet); otherwise the
+// RoCE v2 IPv4-mapped GID equal to `bindAddress`, else the first RoCE v2
+// IPv4-mapped GID; on InfiniBand, GID 0.
+struct GidChoice {
+  int index = -1;
+  std::string reason;
+};
+GidChoice chooseGid(const std::string& device, const PortInfo& port, int requestedIndex,
+                    std::optional<uint32_t> bindAddress);
+
+// Text helpers.
+std::string formatGid(const std::array<uint8_t, 16>& raw);
+std::string formatIpv4(uint32_t hostOrder);
+std::string describeGids(const PortInfo& port);  // "0: fe80::.. (RoCE v2), 1: ..."
+
+// The locked-memory limit (RLIMIT_MEMLOCK soft limit) in bytes; nullopt = unlimited.
+std::optional<uint64_t> lockedMemoryLimit();
+
+}  // namespace rdmacc

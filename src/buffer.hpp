@@ -1,0 +1,27 @@
+// Page-aligned anonymous memory (what registration wants), owned by RAII.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace rdmacc {
+
+struct PageUnmap {
+  size_t size = 0;
+  void operator()(uint8_t* p) const noexcept;
+};
+
+class PageBuffer {
+ public:
+  PageBuffer() = default;
+  explicit PageBuffer(size_t bytes);  // throws Error on failure; zero-filled
+
+  uint8_t* data() const noexcept { return memory_.get(); }
+  size_t size() const noexcept { return memory_.get_deleter().size; }
+
+ private:
+  std::unique_ptr<uint8_t, PageUnmap> memory_;
+};
+
+}  // namespace rdmacc

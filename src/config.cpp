@@ -1,0 +1,266 @@
+#include "rdmacc/config.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+
+extern char** environ;
+
+namespace rdmacc {
+namespace {
+
+using enum OptionType;
+
+// clang-format off
+constexpr std::array kOptions = {
+  OptionSpec{"RDMACC_IB_HCA", String, "", "",
+    "RDMA device and port to use, as device[:port] (e.g. mlx5_0:1, rxe0); empty: the first active port with an IPv4 address", 0, 0},
+  OptionSpec{"RDMACC_SOCKET_IFNAME", String, "", "",
+    "network interface whose IPv4 address rdma_cm binds to (e.g. eth0); empty: derived from the device's GID table", 0, 0},
+  OptionSpec{"RDMACC_IB_GID_INDEX", Int, "-1", "",
+    "GID index; -1: automatic (RoCE v2, IPv4-mapped, matching the bound address)", -1, 65535},
+  OptionSpec{"RDMACC_IB_MTU", Int, "0", "bytes",
+    "cap on the path MTU (256, 512, 1024, 2048 or 4096); 0: min of both ports' active MTU", 0, 4096},
+  OptionSpec{"RDMACC_IB_TIMEOUT", Int, "14", "4.096us*2^n",
+    "QP local ACK timeout exponent (14 = 67 ms); raise it on lossy or congested fabrics", 1, 31},
+  OptionSpec{"RDMACC_IB_RETRY_CNT", Int, "7", "",
+    "QP transport retry count before a send fails with IBV_WC_RETRY_EXC_ERR", 0, 7},
+  OptionSpec{"RDMACC_IB_RNR_RETRY", Int, "7", "",
+    "receiver-not-ready retry count (7 = retry forever)", 0, 7},
+  OptionSpec{"RDMACC_IB_MIN_RNR_TIMER", Int, "12", "code",
+    "minimum RNR NAK timer code (12 = 0.64 ms)", 0, 31},
+  OptionSpec{"RDMACC_IB_TC", Int, "0", "",
+    "traffic class (DSCP << 2) of RoCE packets", 0, 255},
+  OptionSpec{"RDMACC_IB_SL", Int, "0", "",
+    "InfiniBand service level", 0, 15},
+  OptionSpec{"RDMACC_QPS_PER_PEER", Int, "1", "",
+    "reliable-connected queue pairs per peer", 1, 16},
+  OptionSpec{"RDMACC_QP_SEND_DEPTH", Int, "256", "WRs",
+    "send queue depth of each queue pair", 16, 16384},
+  OptionSpec{"RDMACC_QP_RECV_DEPTH", Int, "256", "WRs",
+    "receive queue depth of each queue pair", 16, 16384},
+  OptionSpec{"RDMACC_CONNECT_TIMEOUT", Duration, "60s", "",
+    "time allowed for every peer to arrive and connect when the group forms", 0, 0},
+  OptionSpec{"RDMACC_STORE_TIMEOUT", Duration, "300s", "",
+    "time a store get/wait waits for a key before failing", 0, 0},
+  OptionSpec{"RDMACC_TIMEOUT", Duration, "30m", "",
+    "default timeout of a collective (c10d's default is 30 minutes)", 0, 0},
+  OptionSpec{"RDMACC_AGENT_STORE", Bool, "0", "",
+    "the launcher hosts the TCP store at MASTER_ADDR:MASTER_PORT (rdmacc-run sets it); else rank 0 hosts it", 0, 0},
+  OptionSpec{"RDMACC_LOG_LEVEL", String, "warn", "",
+    "log level: trace, debug, info, warn, error or off", 0, 0},
+};
+// clang-format on
+
+std::string lower(std::string_view text) {
+  std::string out(text);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+size_t editDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+void validate(const OptionSpec& spec, const std::string& text) {
+  switch (spec.type) {
+    case Bool: parseBool(text, spec.name); break;
+    case Duration: parseDuration(text, spec.name); break;
+    case String:
+      if (spec.name == "RDMACC_LOG_LEVEL") parseLogLevel(text);
+      break;
+    case Int: {
+      int64_t v = parseInt(text, spec.name);
+      if (v < spec.min || v > spec.max) {
+        throw Error(ErrorKind::InvalidArgument,
+                    fmt::format("{}={} is out of range", spec.name, text),
+                    fmt::format("set {} to an integer in [{}, {}] ({})", spec.name, spec.min,
+                                spec.max, spec.doc));
+      }
+      if (spec.name == "RDMACC_IB_MTU" && v != 0 && (v < 256 || (v & (v - 1)) != 0)) {
+        throw Error(ErrorKind::InvalidArgument, fmt::format("RDMACC_IB_MTU={} is not an MTU", text),
+                    "use 0 (automatic), 256, 512, 1024, 2048 or 4096");
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+const char* toString(OptionType type) noexcept {
+  switch (type) {
+    case Bool: return "bool";
+    case Int: return "int";
+    case String: return "string";
+    case Duration: return "duration";
+  }
+  return "?";
+}
+
+const char* toString(ValueSource source) noexcept {
+  switch (source) {
+    case ValueSource::Default: return "default";
+    case ValueSource::Environment: return "environment";
+    case ValueSource::Explicit: return "explicit";
+  }
+  return "?";
+}
+
+std::span<const OptionSpec> optionTable() noexcept { return kOptions; }
+
+const OptionSpec* findOption(std::string_view name) noexcept {
+  for (const auto& spec : kOptions) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+bool parseBool(std::string_view text, std::string_view what) {
+  std::string v = lower(text);
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off" || v.empty()) return false;
+  throw Error(ErrorKind::InvalidArgument, fmt::format("{}='{}' is not a boolean", what, text),
+              fmt::format("set {} to 1/0, true/false, yes/no or on/off", what));
+}
+
+int64_t parseInt(std::string_view text, std::string_view what) {
+  int64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{}='{}' is not an integer", what, text),
+                fmt::format("set {} to a decimal integer", what));
+  }
+  return value;
+}
+
+std::chrono::milliseconds parseDuration(std::string_view text, std::string_view what) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  std::string_view unit = text.substr(digits);
+  int64_t multiplier = -1;
+  if (unit.empty() || unit == "ms") multiplier = 1;
+  else if (unit == "s") multiplier = 1000;
+  else if (unit == "m" || unit == "min") multiplier = 60 * 1000;
+  else if (unit == "h") multiplier = 3600 * 1000;
+  if (digits == 0 || multiplier < 0 || digits > 12) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{}='{}' is not a duration", what, text),
+                fmt::format("write {} as a number with a unit: 500ms, 30s, 5m or 1h", what));
+  }
+  return std::chrono::milliseconds(parseInt(text.substr(0, digits), what) * multiplier);
+}
+
+Config Config::load(const std::map<std::string, std::string>& explicitValues) {
+  std::vector<std::string> environment;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (std::string_view(*e).starts_with("RDMACC_")) environment.emplace_back(*e);
+  }
+  Config config = load(explicitValues, environment);
+  for (const auto& warning : config.warnings()) log(LogLevel::Warn, "{}", warning);
+  return config;
+}
+
+Config Config::load(const std::map<std::string, std::string>& explicitValues,
+                    const std::vector<std::string>& environment) {
+  Config config;
+  for (const auto& spec : kOptions) {
+    config.values_[std::string(spec.name)] = Value{std::string(spec.defaultValue), ValueSource::Default};
+  }
+  for (const auto& entry : environment) {
+    auto eq = entry.find('=');
+    if (eq == std::string::npos || !entry.starts_with("RDMACC_")) continue;
+    std::string name = entry.substr(0, eq);
+    auto it = config.values_.find(name);
+    if (it == config.values_.end()) {
+      // Variables read by the test suite and tools rather than the library.
+      if (name.starts_with("RDMACC_TEST_")) continue;
+      std::string best;
+      size_t bestDistance = 4;
+      for (const auto& spec : kOptions) {
+        size_t d = editDistance(name, spec.name);
+        if (d < bestDistance) bestDistance = d, best = spec.name;
+      }
+      config.warnings_.push_back(
+          best.empty() ? fmt::format("unknown environment variable {} is ignored (rdmacc-info "
+                                     "--config lists the known ones)", name)
+                       : fmt::format("unknown environment variable {} is ignored; did you mean {}?",
+                                     name, best));
+      continue;
+    }
+    it->second = Value{entry.substr(eq + 1), ValueSource::Environment};
+  }
+  for (const auto& [name, text] : explicitValues) {
+    auto it = config.values_.find(name);
+    if (it == config.values_.end()) {
+      throw Error(ErrorKind::InvalidArgument, fmt::format("unknown option '{}'", name),
+                  "rdmacc-info --config lists the known options");
+    }
+    it->second = Value{text, ValueSource::Explicit};
+  }
+  for (const auto& spec : kOptions) {
+    const Value& v = config.values_.at(std::string(spec.name));
+    try {
+      validate(spec, v.text);
+    } catch (const Error& e) {
+      if (v.source == ValueSource::Explicit) {
+        ErrorInfo info = e.info();
+        info.message += " (set explicitly in the backend options)";
+        throw Error(std::move(info));
+      }
+      throw;
+    }
+  }
+  return config;
+}
+
+const Config::Value& Config::value(std::string_view name, OptionType expected) const {
+  auto it = values_.find(name);
+  const OptionSpec* spec = findOption(name);
+  if (it == values_.end() || spec == nullptr || spec->type != expected) {
+    throw Error(ErrorKind::Internal,
+                fmt::format("config option {} read as {} but is not in the table as such", name,
+                            toString(expected)));
+  }
+  return it->second;
+}
+
+const std::string& Config::raw(std::string_view name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) {
+    throw Error(ErrorKind::Internal, fmt::format("no config option named {}", name));
+  }
+  return it->second.text;
+}
+
+ValueSource Config::source(std::string_view name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? ValueSource::Default : it->second.source;
+}
+
+int64_t Config::getInt(std::string_view name) const { return parseInt(value(name, Int).text, name); }
+bool Config::getBool(std::string_view name) const { return parseBool(value(name, Bool).text, name); }
+const std::string& Config::getString(std::string_view name) const { return value(name, String).text; }
+std::chrono::milliseconds Config::getDuration(std::string_view name) const {
+  return parseDuration(value(name, Duration).text, name);
+}
+
+}  // namespace rdmacc

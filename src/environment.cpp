@@ -1,0 +1,85 @@
+#include "rdmacc/environment.hpp"
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+
+namespace rdmacc {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+int envInt(const char* name, int min, int max) {
+  const char* v = env(name);
+  int64_t n = parseInt(v, name);
+  if (n < min || n > max) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{}={} is out of range [{}, {}]", name, v, min, max),
+                "the launcher sets it; check the launch command");
+  }
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+GroupEnvironment groupFromEnvironment(const Config& config) {
+  GroupEnvironment g;
+  struct Scheme {
+    const char* rank;
+    const char* size;
+    const char* localRank;
+    const char* launcher;
+  };
+  constexpr Scheme kSchemes[] = {
+      {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun/rdmacc-run"},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"},
+      {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "mpirun"},
+      {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "srun"},
+  };
+  const Scheme* found = nullptr;
+  for (const auto& s : kSchemes) {
+    if (env(s.rank) != nullptr || env(s.size) != nullptr) {
+      found = &s;
+      break;
+    }
+  }
+  if (found == nullptr) {
+    g.launcher = "single process";
+    g.store = std::make_shared<HashStore>(config.getDuration("RDMACC_STORE_TIMEOUT"));
+    return g;
+  }
+  if (env(found->rank) == nullptr || env(found->size) == nullptr) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{} and {} must be set together", found->rank, found->size),
+                "launch with rdmacc-run, torchrun, mpirun or srun, or set both");
+  }
+  g.launcher = found->launcher;
+  g.size = envInt(found->size, 1, 1 << 20);
+  g.rank = envInt(found->rank, 0, g.size - 1);
+  g.localRank = env(found->localRank) ? envInt(found->localRank, 0, 1 << 20) : g.rank;
+  auto timeout = config.getDuration("RDMACC_STORE_TIMEOUT");
+  if (g.size == 1 && env("MASTER_ADDR") == nullptr) {
+    g.store = std::make_shared<HashStore>(timeout);
+    return g;
+  }
+  const char* addr = env("MASTER_ADDR");
+  const char* port = env("MASTER_PORT");
+  if (addr == nullptr || port == nullptr) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{} ranks need a rendezvous store, but MASTER_ADDR/MASTER_PORT are not set", g.size),
+                "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> (torchrun and rdmacc-run "
+                "set them for you)");
+  }
+  int portNumber = envInt("MASTER_PORT", 1, 65535);
+  bool agentHosts = config.getBool("RDMACC_AGENT_STORE");
+  g.store = std::make_shared<TCPStore>(
+      addr, static_cast<uint16_t>(portNumber),
+      TCPStoreOptions{.isServer = g.rank == 0 && !agentHosts, .timeout = timeout, .connectTimeout = timeout});
+  return g;
+}
+
+}  // namespace rdmacc

@@ -1,0 +1,204 @@
+// FileStore: an append-only log of records in one file, guarded by flock().
+// Record: u32 key length, key, u32 value length (0xffffffff = deleted), value.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "rdmacc/store.hpp"
+#include "src/socket.hpp"
+#include "src/store_protocol.hpp"
+#include "src/store_util.hpp"
+
+namespace rdmacc {
+namespace {
+
+constexpr uint32_t kTombstone = 0xffffffffu;
+
+void appendU32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+uint32_t readU32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+
+// Holds an flock() for its lifetime.
+class FileLock {
+ public:
+  FileLock(int fd, int op, const std::string& path) : fd_(fd) {
+    while (::flock(fd_, op) != 0) {
+      if (errno != EINTR) throw errnoError(ErrorKind::Store, "flock", errno, fmt::format("locking {}", path));
+    }
+  }
+  ~FileLock() { ::flock(fd_, LOCK_UN); }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+// Threading: the mutex serialises this process's threads; flock() other processes.
+struct FileStore::State {
+  std::string path;
+  net::Fd fd;
+  std::mutex mutex;
+  std::map<std::string, Bytes> data;
+  off_t offset = 0;  // how far the log has been replayed
+
+  // Replays records appended since the last call. Caller holds an flock.
+  void refresh() {
+    struct stat st{};
+    if (::fstat(fd.get(), &st) != 0) throw errnoError(ErrorKind::Store, "fstat", errno, path);
+    if (st.st_size < offset) {  // the file was truncated or replaced: start over
+      data.clear();
+      offset = 0;
+    }
+    if (st.st_size == offset) return;
+    std::vector<uint8_t> buf(static_cast<size_t>(st.st_size - offset));
+    size_t got = 0;
+    while (got < buf.size()) {
+      ssize_t n = ::pread(fd.get(), buf.data() + got, buf.size() - got, offset + static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw errnoError(ErrorKind::Store, "pread", errno, fmt::format("reading {}", path));
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
+    size_t pos = 0;
+    auto corrupt = [&](const char* why) {
+      return Error(ErrorKind::Store,
+                   fmt::format("file store {} is corrupt at byte {}: {}", path, offset + static_cast<off_t>(pos), why),
+                   "delete the file (no group may be using it) and restart the job");
+    };
+    while (got - pos >= 4) {
+      uint32_t klen = readU32(&buf[pos]);
+      if (klen > store_protocol::kMaxKeyBytes) throw corrupt("key length out of range");
+      if (got - pos < 8ull + klen) break;  // a record still being written
+      uint32_t vlen = readU32(&buf[pos + 4 + klen]);
+      size_t vbytes = vlen == kTombstone ? 0 : vlen;
+      if (vlen != kTombstone && vlen > store_protocol::kMaxValueBytes) throw corrupt("value length out of range");
+      if (got - pos < 8ull + klen + vbytes) break;
+      std::string key(buf.begin() + static_cast<ptrdiff_t>(pos + 4),
+                      buf.begin() + static_cast<ptrdiff_t>(pos + 4 + klen));
+      if (vlen == kTombstone) {
+        data.erase(key);
+      } else {
+        auto* v = &buf[pos + 8 + klen];
+        data[key] = Bytes(v, v + vbytes);
+      }
+      pos += 8 + klen + vbytes;
+    }
+    offset += static_cast<off_t>(pos);
+  }
+
+  // Appends one record. Caller holds LOCK_EX.
+  void append(const std::string& key, const Bytes* value) {
+    if (key.size() > store_protocol::kMaxKeyBytes) {
+      throw Error(ErrorKind::InvalidArgument, fmt::format("store key of {} bytes is too long", key.size()));
+    }
+    std::vector<uint8_t> rec;
+    appendU32(rec, static_cast<uint32_t>(key.size()));
+    rec.insert(rec.end(), key.begin(), key.end());
+    appendU32(rec, value ? static_cast<uint32_t>(value->size()) : kTombstone);
+    if (value) rec.insert(rec.end(), value->begin(), value->end());
+    size_t done = 0;
+    while (done < rec.size()) {
+      ssize_t n = ::write(fd.get(), rec.data() + done, rec.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw errnoError(ErrorKind::Store, "write", errno, fmt::format("appending to {}", path));
+      done += static_cast<size_t>(n);
+    }
+    refresh();
+  }
+
+  std::vector<std::string> missing(const std::vector<std::string>& keys) {
+    std::vector<std::string> out;
+    for (const auto& k : keys) {
+      if (!data.contains(k)) out.push_back(k);
+    }
+    return out;
+  }
+};
+
+FileStore::FileStore(std::string path, std::chrono::milliseconds timeout)
+    : Store(timeout), state_(std::make_unique<State>()) {
+  state_->path = std::move(path);
+  state_->fd = net::Fd(::open(state_->path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  if (!state_->fd) {
+    throw errnoError(ErrorKind::Store, "open", errno, fmt::format("cannot open file store {}", state_->path),
+                     "the directory must exist and be writable on every rank");
+  }
+}
+
+FileStore::~FileStore() = default;
+
+void FileStore::set(const std::string& key, const Bytes& value) {
+  std::lock_guard lock(state_->mutex);
+  FileLock flock(state_->fd.get(), LOCK_EX, state_->path);
+  state_->append(key, &value);
+}
+
+Bytes FileStore::get(const std::string& key) {
+  wait({key});
+  std::lock_guard lock(state_->mutex);
+  return state_->data.at(key);
+}
+
+int64_t FileStore::add(const std::string& key, int64_t delta) {
+  std::lock_guard lock(state_->mutex);
+  FileLock flock(state_->fd.get(), LOCK_EX, state_->path);
+  state_->refresh();
+  auto it = state_->data.find(key);
+  int64_t v = (it == state_->data.end() ? 0 : counterValue(it->second, key)) + delta;
+  Bytes text = toBytes(std::to_string(v));
+  state_->append(key, &text);
+  return v;
+}
+
+bool FileStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard lock(state_->mutex);
+  FileLock flock(state_->fd.get(), LOCK_SH, state_->path);
+  state_->refresh();
+  return state_->missing(keys).empty();
+}
+
+void FileStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  auto deadline = net::Clock::now() + timeout;
+  auto delay = std::chrono::milliseconds(1);
+  while (true) {
+    std::vector<std::string> missing;
+    {
+      std::lock_guard lock(state_->mutex);
+      FileLock flock(state_->fd.get(), LOCK_SH, state_->path);
+      state_->refresh();
+      missing = state_->missing(keys);
+    }
+    if (missing.empty()) return;
+    if (net::Clock::now() >= deadline) throw storeTimeout("wait", missing, timeout, "file " + state_->path);
+    std::this_thread::sleep_for(delay);
+    delay = std::min(delay * 2, std::chrono::milliseconds(50));
+  }
+}
+
+bool FileStore::deleteKey(const std::string& key) {
+  std::lock_guard lock(state_->mutex);
+  FileLock flock(state_->fd.get(), LOCK_EX, state_->path);
+  state_->refresh();
+  if (!state_->data.contains(key)) return false;
+  state_->append(key, nullptr);
+  return true;
+}
+
+}  // namespace rdmacc

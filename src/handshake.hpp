@@ -1,0 +1,61 @@
+// The private data of rdma_cm connect, accept and reject messages. Pure: no
+// device needed, tested on the host. Fields are little-endian on the wire.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace rdmacc::handshake {
+
+constexpr uint32_t kMagic = 0x43434452;  // "RDCC"
+constexpr uint16_t kVersion = 1;
+constexpr size_t kHelloBytes = 32;   // fits the 56 bytes of an IB CM REQ
+constexpr size_t kRejectBytes = 8;
+
+// Sent by the connecting side in the REQ and by the accepting side in the REP.
+struct Hello {
+  uint16_t version = kVersion;
+  uint16_t qpIndex = 0;
+  uint32_t rank = 0;        // sender
+  uint32_t targetRank = 0;  // receiver
+  uint32_t worldSize = 0;
+  uint64_t token = 0;       // the group's random token from the store
+  uint32_t activeMtu = 0;   // sender port's active MTU, bytes
+};
+
+enum class RejectReason : uint8_t {
+  Malformed = 1,
+  BadVersion,
+  BadToken,
+  BadRank,
+  WrongTarget,
+  WorldSizeMismatch,
+  Duplicate,
+  BadQpIndex,
+};
+const char* toString(RejectReason reason) noexcept;
+
+std::array<uint8_t, kHelloBytes> encode(const Hello& hello);
+// nullopt when the bytes are not an rdmacc hello (too short, wrong magic).
+// Longer input is fine: IB CM pads private data to its full size.
+std::optional<Hello> decodeHello(std::span<const uint8_t> bytes);
+
+std::array<uint8_t, kRejectBytes> encodeReject(RejectReason reason);
+std::optional<RejectReason> decodeReject(std::span<const uint8_t> bytes);
+
+// What the receiving rank expects of a hello.
+struct Expectation {
+  uint32_t myRank = 0;
+  uint32_t worldSize = 0;
+  uint64_t token = 0;
+  uint32_t qpsPerPeer = 1;
+  // Inclusive range of ranks allowed to send this hello.
+  uint32_t minPeer = 0;
+  uint32_t maxPeer = 0;
+};
+std::optional<RejectReason> validate(const Hello& hello, const Expectation& expect);
+
+}  // namespace rdmacc::handshake

@@ -1,0 +1,103 @@
+#include "rdmacc/log.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "rdmacc/error.hpp"
+
+namespace rdmacc {
+namespace {
+
+LogLevel initialLevel() noexcept {
+  const char* env = std::getenv("RDMACC_LOG_LEVEL");
+  if (env == nullptr || *env == '\0') return LogLevel::Warn;
+  try {
+    return parseLogLevel(env);
+  } catch (...) {
+    return LogLevel::Warn;  // the config table reports the bad value
+  }
+}
+
+std::atomic<LogLevel>& levelRef() noexcept {
+  static std::atomic<LogLevel> level{initialLevel()};
+  return level;
+}
+
+struct SinkState {
+  std::mutex mutex;
+  std::string prefix;
+  std::function<void(LogLevel, std::string_view)> sink;
+};
+
+SinkState& sinkState() {
+  static SinkState state;
+  return state;
+}
+
+}  // namespace
+
+LogLevel parseLogLevel(std::string_view text) {
+  std::string lower(text);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (auto level : {LogLevel::Trace, LogLevel::Debug, LogLevel::Info, LogLevel::Warn,
+                     LogLevel::Error, LogLevel::Off}) {
+    if (lower == toString(level)) return level;
+  }
+  if (lower == "warning") return LogLevel::Warn;
+  throw Error(ErrorKind::InvalidArgument, fmt::format("unknown log level '{}'", text),
+              "use one of trace, debug, info, warn, error, off");
+}
+
+const char* toString(LogLevel level) noexcept {
+  switch (level) {
+    case LogLevel::Trace: return "trace";
+    case LogLevel::Debug: return "debug";
+    case LogLevel::Info: return "info";
+    case LogLevel::Warn: return "warn";
+    case LogLevel::Error: return "error";
+    case LogLevel::Off: return "off";
+  }
+  return "?";
+}
+
+void setLogLevel(LogLevel level) noexcept { levelRef().store(level, std::memory_order_relaxed); }
+LogLevel logLevel() noexcept { return levelRef().load(std::memory_order_relaxed); }
+
+void setLogPrefix(std::string prefix) {
+  auto& state = sinkState();
+  std::lock_guard lock(state.mutex);
+  state.prefix = std::move(prefix);
+}
+
+void setLogSink(std::function<void(LogLevel, std::string_view)> sink) {
+  auto& state = sinkState();
+  std::lock_guard lock(state.mutex);
+  state.sink = std::move(sink);
+}
+
+void logMessage(LogLevel level, std::string_view message) noexcept {
+  try {
+    auto& state = sinkState();
+    std::lock_guard lock(state.mutex);
+    if (state.sink) {
+      state.sink(level, message);
+      return;
+    }
+    std::string line = state.prefix.empty()
+                           ? fmt::format("rdmacc {}: {}\n", toString(level), message)
+                           : fmt::format("rdmacc {} {}: {}\n", state.prefix, toString(level), message);
+    // One write() per line so that lines of concurrent processes do not interleave.
+    ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+    (void)ignored;
+  } catch (...) {
+  }
+}
+
+}  // namespace rdmacc

@@ -1,0 +1,69 @@
+// The connection mesh: one protection domain, one completion queue, and
+// RDMACC_QPS_PER_PEER reliable-connected queue pairs to every other rank,
+// established through librdmacm with the group token checked on both sides.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rdmacc/config.hpp"
+#include "rdmacc/store.hpp"
+#include "rdmacc/topology.hpp"
+#include "verbs/cm.hpp"
+#include "verbs/qp.hpp"
+
+namespace rdmacc {
+
+struct MeshOptions {
+  std::string group = "default";  // store namespace: one mesh per group name
+  // Tests only: present this token instead of the group's (a "stranger").
+  std::optional<uint64_t> tokenOverride;
+};
+
+// Built and destroyed by one thread. Afterwards the QPs, PD and CQ may be
+// used by one other thread (the progress engine); Mesh itself is immutable.
+class Mesh {
+ public:
+  // Forms the mesh or throws: Error(Timeout) naming the ranks that did not
+  // arrive or connect within RDMACC_CONNECT_TIMEOUT; other errors name the call.
+  Mesh(Store& store, int rank, int size, const Config& config, MeshOptions options = {});
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  int qpsPerPeer() const noexcept { return qpsPerPeer_; }
+  const Endpoint& endpoint() const noexcept { return endpoint_; }
+  ibv_context* context() const noexcept { return context_.get(); }
+  ibv_pd* pd() const noexcept { return pd_.get(); }
+  verbs::CompletionQueue& cq() noexcept { return *cq_; }
+  ibv_qp* qp(int peer, int index = 0) const;
+  // The path MTU (bytes) negotiated with peer.
+  int pathMtu(int peer) const;
+  // "ip:port (GID ...)" for error messages.
+  const std::string& peerAddress(int peer) const;
+  const verbs::QpParams& qpParams() const noexcept { return params_; }
+
+ private:
+  struct Connection;
+  struct Setup;
+
+  int rank_;
+  int size_;
+  int qpsPerPeer_;
+  Endpoint endpoint_;
+  verbs::QpParams params_;
+  verbs::ContextPtr context_;
+  verbs::PdPtr pd_;
+  std::unique_ptr<verbs::CompletionQueue> cq_;
+  std::unique_ptr<verbs::EventChannel> events_;  // before the ids created on it
+  verbs::CmIdPtr listenId_;
+  std::vector<std::unique_ptr<Connection>> connections_;  // [peer * qpsPerPeer + index]
+  std::vector<std::string> peerAddresses_;
+};
+
+}  // namespace rdmacc

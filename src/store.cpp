@@ -1,0 +1,125 @@
+// HashStore, PrefixStore and helpers shared by every store.
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "rdmacc/store.hpp"
+#include "src/store_util.hpp"
+
+namespace rdmacc {
+
+Bytes toBytes(std::string_view text) { return Bytes(text.begin(), text.end()); }
+std::string toString(const Bytes& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+Error storeTimeout(const char* what, const std::vector<std::string>& missing,
+                   std::chrono::milliseconds timeout, const std::string& where) {
+  return Error(ErrorInfo{
+      .kind = ErrorKind::Timeout,
+      .message = fmt::format("store {} timed out after {} ms waiting for key(s) {} ({})", what,
+                             timeout.count(), fmt::join(missing, ", "), where),
+      .hint = "a rank that should have set these keys has not arrived; check that every rank "
+              "started and uses the same store"});
+}
+
+int64_t counterValue(const Bytes& value, const std::string& key) {
+  int64_t v = 0;
+  std::string text = toString(value);
+  size_t used = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size()) {
+    throw Error(ErrorKind::Store, fmt::format("store add() on key '{}' whose value is not an integer", key));
+  }
+  return v;
+}
+
+// Threading: one mutex guards the map; waiters sleep on the condition variable.
+struct HashStore::State {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::map<std::string, Bytes> data;
+
+  std::vector<std::string> missing(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    for (const auto& k : keys) {
+      if (!data.contains(k)) out.push_back(k);
+    }
+    return out;
+  }
+};
+
+HashStore::HashStore(std::chrono::milliseconds timeout)
+    : Store(timeout), state_(std::make_unique<State>()) {}
+HashStore::~HashStore() = default;
+
+void HashStore::set(const std::string& key, const Bytes& value) {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->data[key] = value;
+  }
+  state_->changed.notify_all();
+}
+
+Bytes HashStore::get(const std::string& key) {
+  wait({key});
+  std::lock_guard lock(state_->mutex);
+  return state_->data.at(key);
+}
+
+int64_t HashStore::add(const std::string& key, int64_t delta) {
+  int64_t v = 0;
+  {
+    std::lock_guard lock(state_->mutex);
+    auto it = state_->data.find(key);
+    v = (it == state_->data.end() ? 0 : counterValue(it->second, key)) + delta;
+    state_->data[key] = toBytes(std::to_string(v));
+  }
+  state_->changed.notify_all();
+  return v;
+}
+
+bool HashStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard lock(state_->mutex);
+  return state_->missing(keys).empty();
+}
+
+void HashStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(state_->mutex);
+  if (!state_->changed.wait_for(lock, timeout, [&] { return state_->missing(keys).empty(); })) {
+    throw storeTimeout("wait", state_->missing(keys), timeout, "in-process HashStore");
+  }
+}
+
+bool HashStore::deleteKey(const std::string& key) {
+  std::lock_guard lock(state_->mutex);
+  return state_->data.erase(key) > 0;
+}
+
+PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> store)
+    : Store(store->timeout()), prefix_(std::move(prefix)), store_(std::move(store)) {}
+
+void PrefixStore::set(const std::string& k, const Bytes& value) { store_->set(key(k), value); }
+Bytes PrefixStore::get(const std::string& k) {
+  store_->wait({key(k)}, timeout());
+  return store_->get(key(k));
+}
+int64_t PrefixStore::add(const std::string& k, int64_t delta) { return store_->add(key(k), delta); }
+bool PrefixStore::check(const std::vector<std::string>& keys) {
+  std::vector<std::string> full;
+  for (const auto& k : keys) full.push_back(key(k));
+  return store_->check(full);
+}
+void PrefixStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  std::vector<std::string> full;
+  for (const auto& k : keys) full.push_back(key(k));
+  store_->wait(full, timeout);
+}
+bool PrefixStore::deleteKey(const std::string& k) { return store_->deleteKey(key(k)); }
+
+}  // namespace rdmacc

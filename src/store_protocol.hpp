@@ -1,0 +1,51 @@
+// Wire format of the TCP store. Every frame is a little-endian u32 body length
+// followed by the body; every length inside is validated against the limits
+// below before anything is allocated, so a malformed or hostile frame costs the
+// server one closed connection and nothing else.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rdmacc::store_protocol {
+
+constexpr uint32_t kMaxKeyBytes = 4096;
+constexpr uint32_t kMaxValueBytes = 256u << 20;  // 256 MiB
+constexpr uint32_t kMaxKeysPerRequest = 65536;
+constexpr uint32_t kMaxFrameBytes = kMaxValueBytes + kMaxKeyBytes + 64;
+
+enum class Command : uint8_t { Set = 1, Get = 2, Add = 3, Check = 4, Wait = 5, Delete = 6 };
+enum class Status : uint8_t { Ok = 0, Error = 1 };
+
+struct Request {
+  Command command = Command::Get;
+  std::vector<std::string> keys;  // one for Set/Get/Add/Delete, any for Check/Wait
+  std::vector<uint8_t> value;     // Set
+  int64_t delta = 0;              // Add
+};
+
+struct Response {
+  Status status = Status::Ok;
+  std::vector<uint8_t> value;  // Get: the value; Add: i64; Check/Delete: one byte 0/1
+  std::string error;           // Status::Error
+};
+
+enum class Decode { NeedMore, Ok, Malformed };
+
+struct DecodeResult {
+  Decode state = Decode::NeedMore;
+  size_t consumed = 0;   // bytes of the frame when Ok
+  std::string reason;    // when Malformed
+};
+
+std::vector<uint8_t> encode(const Request& request);
+std::vector<uint8_t> encode(const Response& response);
+DecodeResult decode(const uint8_t* data, size_t size, Request& out);
+DecodeResult decode(const uint8_t* data, size_t size, Response& out);
+
+void putI64(std::vector<uint8_t>& out, int64_t v);
+int64_t getI64(const uint8_t* p);
+
+}  // namespace rdmacc::store_protocol

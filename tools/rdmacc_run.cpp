@@ -1,0 +1,243 @@
+// rdmacc-run: a local launcher. Starts N ranks with torchrun's environment,
+// hosts the TCP store for them, prefixes every output line with the rank, and
+// stops everyone as soon as one rank fails.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "rdmacc/config.hpp"
+#include "rdmacc/error.hpp"
+#include "rdmacc/store.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+volatile std::sig_atomic_t gSignal = 0;
+
+void onSignal(int sig) { gSignal = sig; }
+
+void usage(FILE* out) {
+  fmt::print(out,
+             "usage: rdmacc-run -n N [--timeout DURATION] [--no-prefix] -- PROGRAM [ARGS...]\n"
+             "Starts N copies of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK,\n"
+             "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun does) and a TCP store\n"
+             "hosted by the launcher (RDMACC_AGENT_STORE=1). Output lines are prefixed with [rank].\n"
+             "If a rank fails, the others get SIGTERM (SIGKILL 5 s later) and rdmacc-run exits with\n"
+             "the failing rank's status. --timeout (e.g. 300s) kills everything when it expires\n"
+             "(exit 124).\n");
+}
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  int out = -1;
+  int err = -1;
+  std::string outBuf, errBuf;
+  bool running = true;
+  int status = 0;
+};
+
+void emit(const std::string& prefix, std::string& buf, FILE* to, bool flushAll) {
+  size_t start = 0;
+  while (true) {
+    size_t nl = buf.find('\n', start);
+    if (nl == std::string::npos) break;
+    fmt::print(to, "{}{}\n", prefix, std::string_view(buf).substr(start, nl - start));
+    start = nl + 1;
+  }
+  buf.erase(0, start);
+  if (flushAll && !buf.empty()) {
+    fmt::print(to, "{}{}\n", prefix, buf);
+    buf.clear();
+  }
+  std::fflush(to);
+}
+
+int exitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = 0;
+  bool prefix = true;
+  std::chrono::milliseconds timeout{0};
+  int i = 1;
+  try {
+    for (; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "--") {
+        ++i;
+        break;
+      }
+      if ((a == "-n" || a == "--nproc") && i + 1 < argc) {
+        n = static_cast<int>(rdmacc::parseInt(argv[++i], "-n"));
+      } else if (a == "--timeout" && i + 1 < argc) {
+        timeout = rdmacc::parseDuration(argv[++i], "--timeout");
+      } else if (a == "--no-prefix") {
+        prefix = false;
+      } else if (a == "-h" || a == "--help") {
+        usage(stdout);
+        return 0;
+      } else {
+        fmt::print(stderr, "rdmacc-run: unknown option '{}' (did you forget '--' before the program?)\n", a);
+        usage(stderr);
+        return 2;
+      }
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "rdmacc-run: {}\n", e.what());
+    return 2;
+  }
+  if (n < 1 || n > 4096 || i >= argc) {
+    fmt::print(stderr, "rdmacc-run: need -n N (1..4096) and a program after '--'\n");
+    usage(stderr);
+    return 2;
+  }
+
+  std::unique_ptr<rdmacc::TCPStoreServer> store;
+  try {
+    store = std::make_unique<rdmacc::TCPStoreServer>("127.0.0.1", 0);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "rdmacc-run: cannot host the store: {}\n", e.what());
+    return 1;
+  }
+  struct sigaction sa{};
+  sa.sa_handler = onSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+      fmt::print(stderr, "rdmacc-run: pipe: {}\n", std::strerror(errno));
+      return 1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      fmt::print(stderr, "rdmacc-run: fork: {}\n", std::strerror(errno));
+      return 1;
+    }
+    if (pid == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(store->port()).c_str(), 1);
+      setenv("RDMACC_AGENT_STORE", "1", 1);
+      signal(SIGPIPE, SIG_DFL);
+      execvp(argv[i], argv + i);
+      fmt::print(stderr, "rdmacc-run: cannot execute {}: {}\n", argv[i], std::strerror(errno));
+      _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    ranks[static_cast<size_t>(r)] = Rank{.rank = r, .pid = pid, .out = out[0], .err = err[0]};
+  }
+
+  const auto start = Clock::now();
+  int firstFailure = -1;  // rank
+  int result = 0;
+  Clock::time_point killAt{};
+  bool terminated = false;
+  auto terminateAll = [&](int sig) {
+    for (auto& r : ranks) {
+      if (r.running) kill(r.pid, sig);
+    }
+  };
+  int running = n;
+  while (running > 0) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Rank*, bool>> who;  // (rank, isStdout)
+    for (auto& r : ranks) {
+      if (r.out >= 0) fds.push_back({r.out, POLLIN, 0}), who.emplace_back(&r, true);
+      if (r.err >= 0) fds.push_back({r.err, POLLIN, 0}), who.emplace_back(&r, false);
+    }
+    if (!fds.empty()) poll(fds.data(), fds.size(), 100);
+    else usleep(20000);
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      auto [r, isOut] = who[k];
+      char buf[65536];
+      ssize_t got = read(fds[k].fd, buf, sizeof buf);
+      std::string& b = isOut ? r->outBuf : r->errBuf;
+      std::string pfx = prefix ? fmt::format("[{}] ", r->rank) : "";
+      if (got > 0) {
+        b.append(buf, static_cast<size_t>(got));
+        emit(pfx, b, isOut ? stdout : stderr, false);
+      } else {
+        emit(pfx, b, isOut ? stdout : stderr, true);
+        close(fds[k].fd);
+        (isOut ? r->out : r->err) = -1;
+      }
+    }
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& r : ranks) {
+        if (r.pid != pid || !r.running) continue;
+        r.running = false;
+        r.status = status;
+        --running;
+        if (exitCode(status) != 0 && firstFailure < 0 && !terminated) {
+          firstFailure = r.rank;
+          result = exitCode(status);
+          fmt::print(stderr, "rdmacc-run: rank {} {} {}; stopping the other ranks\n", r.rank,
+                     WIFSIGNALED(status) ? "was killed by signal" : "exited with status",
+                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+          terminateAll(SIGTERM);
+          terminated = true;
+          killAt = Clock::now() + std::chrono::seconds(5);
+        }
+      }
+    }
+    if (gSignal != 0 && !terminated) {
+      fmt::print(stderr, "rdmacc-run: caught signal {}; stopping all ranks\n", static_cast<int>(gSignal));
+      terminateAll(SIGTERM);
+      terminated = true;
+      result = 128 + gSignal;
+      killAt = Clock::now() + std::chrono::seconds(5);
+    }
+    if (timeout.count() > 0 && !terminated && Clock::now() - start > timeout) {
+      fmt::print(stderr, "rdmacc-run: timed out after {} ms; stopping all ranks\n", timeout.count());
+      terminateAll(SIGTERM);
+      terminated = true;
+      result = 124;
+      killAt = Clock::now() + std::chrono::seconds(5);
+    }
+    if (terminated && Clock::now() > killAt) terminateAll(SIGKILL);
+  }
+  // Drain what is left in the pipes.
+  for (auto& r : ranks) {
+    std::string pfx = prefix ? fmt::format("[{}] ", r.rank) : "";
+    for (int* fd : {&r.out, &r.err}) {
+      if (*fd < 0) continue;
+      char buf[65536];
+      ssize_t got;
+      std::string& b = fd == &r.out ? r.outBuf : r.errBuf;
+      while ((got = read(*fd, buf, sizeof buf)) > 0) b.append(buf, static_cast<size_t>(got));
+      emit(pfx, b, fd == &r.out ? stdout : stderr, true);
+      close(*fd);
+    }
+  }
+  return result;
+}

@@ -1,0 +1,167 @@
+#include "verbs/qp.hpp"
+
+#include <arpa/inet.h>
+#include <poll.h>
+
+#include <cerrno>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "verbs/error.hpp"
+
+namespace rdmacc::verbs {
+
+CompletionQueue::CompletionQueue(ibv_context* context, int entries) {
+  channel_.reset(ibv_create_comp_channel(context));
+  if (!channel_) throw verbsError("ibv_create_comp_channel", errno, "cannot create a completion channel");
+  cq_.reset(ibv_create_cq(context, entries, nullptr, channel_.get(), 0));
+  if (!cq_) {
+    throw verbsError("ibv_create_cq", errno, fmt::format("cannot create a completion queue of {} entries", entries));
+  }
+}
+
+int CompletionQueue::poll(std::span<ibv_wc> wcs) {
+  int n = ibv_poll_cq(cq_.get(), static_cast<int>(wcs.size()), wcs.data());
+  if (n < 0) throw verbsError("ibv_poll_cq", EIO, "polling the completion queue failed");
+  return n;
+}
+
+bool CompletionQueue::waitForEvent(std::chrono::milliseconds timeout) {
+  if (int rc = ibv_req_notify_cq(cq_.get(), 0); rc != 0) {
+    throw verbsError("ibv_req_notify_cq", rc, "cannot arm the completion queue");
+  }
+  pollfd p{channel_->fd, POLLIN, 0};
+  int rc = ::poll(&p, 1, static_cast<int>(timeout.count()));
+  if (rc <= 0) return false;
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  if (ibv_get_cq_event(channel_.get(), &cq, &ctx) != 0) return false;
+  // Acks are batched: each costs a mutex in libibverbs.
+  if (++unackedEvents_ >= 64) {
+    ibv_ack_cq_events(cq_.get(), unackedEvents_);
+    unackedEvents_ = 0;
+  }
+  return true;
+}
+
+PdPtr allocatePd(ibv_context* context) {
+  PdPtr pd(ibv_alloc_pd(context));
+  if (!pd) throw verbsError("ibv_alloc_pd", errno, "cannot allocate a protection domain");
+  return pd;
+}
+
+MrPtr registerMemory(ibv_pd* pd, void* addr, size_t length, int access) {
+  MrPtr mr(ibv_reg_mr(pd, addr, length, access));
+  if (!mr) throw registrationError(errno, length);
+  return mr;
+}
+
+QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params) {
+  ibv_qp_init_attr init{};
+  init.send_cq = cq;
+  init.recv_cq = cq;
+  init.qp_type = IBV_QPT_RC;
+  init.sq_sig_all = 0;
+  init.cap.max_send_wr = params.sendDepth;
+  init.cap.max_recv_wr = params.recvDepth;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  init.cap.max_inline_data = params.maxInline;
+  QpPtr qp(ibv_create_qp(pd, &init));
+  if (!qp && params.maxInline > 0) {  // some devices allow no inline data at all
+    init.cap.max_inline_data = 0;
+    qp.reset(ibv_create_qp(pd, &init));
+  }
+  if (!qp) {
+    throw verbsError("ibv_create_qp", errno,
+                     fmt::format("cannot create an RC queue pair (send depth {}, receive depth {})",
+                                 params.sendDepth, params.recvDepth));
+  }
+  return qp;
+}
+
+namespace {
+
+void modify(ibv_qp* qp, rdma_cm_id* id, ibv_qp_state state,
+            const std::function<void(ibv_qp_attr&, int&)>& adjust, const char* name) {
+  ibv_qp_attr attr{};
+  int mask = 0;
+  attr.qp_state = state;
+  if (rdma_init_qp_attr(id, &attr, &mask) != 0) {
+    throw cmError("rdma_init_qp_attr", errno, fmt::format("cannot compute the {} attributes of a queue pair", name));
+  }
+  adjust(attr, mask);
+  if (int rc = ibv_modify_qp(qp, &attr, mask); rc != 0) {
+    throw verbsError("ibv_modify_qp", rc, fmt::format("cannot move a queue pair to {}", name),
+                     state == IBV_QPS_RTR ? "check RDMACC_IB_GID_INDEX (RoCE v2 GID) and RDMACC_IB_MTU" : "");
+  }
+}
+
+}  // namespace
+
+void moveToInit(ibv_qp* qp, rdma_cm_id* id) {
+  modify(qp, id, IBV_QPS_INIT, [](ibv_qp_attr& a, int&) { a.qp_access_flags = kRemoteWriteAccess; }, "INIT");
+}
+
+void moveToRtr(ibv_qp* qp, rdma_cm_id* id, const QpParams& p) {
+  modify(qp, id, IBV_QPS_RTR, [&](ibv_qp_attr& a, int& mask) {
+    a.path_mtu = p.pathMtu;
+    a.min_rnr_timer = p.minRnrTimer;
+    mask |= IBV_QP_PATH_MTU | IBV_QP_MIN_RNR_TIMER;
+    if (a.ah_attr.is_global) {
+      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(p.gidIndex);
+      a.ah_attr.grh.traffic_class = p.trafficClass;
+    }
+    a.ah_attr.sl = p.serviceLevel;
+  }, "RTR");
+}
+
+void moveToRts(ibv_qp* qp, rdma_cm_id* id, const QpParams& p) {
+  modify(qp, id, IBV_QPS_RTS, [&](ibv_qp_attr& a, int& mask) {
+    a.timeout = p.ackTimeout;
+    a.retry_cnt = p.retryCount;
+    a.rnr_retry = p.rnrRetry;
+    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+  }, "RTS");
+}
+
+int postWrite(ibv_qp* qp, const WriteRequest& r) {
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uintptr_t>(r.local);
+  sge.length = r.length;
+  sge.lkey = r.lkey;
+  ibv_send_wr wr{};
+  wr.wr_id = r.wrId;
+  wr.sg_list = r.length > 0 ? &sge : nullptr;
+  wr.num_sge = r.length > 0 ? 1 : 0;
+  wr.opcode = r.imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  if (r.imm) wr.imm_data = htonl(*r.imm);
+  wr.send_flags = (r.signaled ? IBV_SEND_SIGNALED : 0) | (r.inlineData ? IBV_SEND_INLINE : 0);
+  wr.wr.rdma.remote_addr = r.remoteAddr;
+  wr.wr.rdma.rkey = r.rkey;
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+int postEmptyRecvs(ibv_qp* qp, uint64_t wrId, uint32_t count) {
+  std::vector<ibv_recv_wr> wrs(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    wrs[i].wr_id = wrId;
+    wrs[i].next = i + 1 < count ? &wrs[i + 1] : nullptr;
+  }
+  ibv_recv_wr* bad = nullptr;
+  return count == 0 ? 0 : ibv_post_recv(qp, wrs.data(), &bad);
+}
+
+}  // namespace rdmacc::verbs
+
+namespace rdmacc::verbs {
+uint32_t maxInlineData(ibv_qp* qp) {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (ibv_query_qp(qp, &attr, IBV_QP_CAP, &init) != 0) return 0;
+  return init.cap.max_inline_data;
+}
+}  // namespace rdmacc::verbs

@@ -1,0 +1,84 @@
+// Queue pairs, completion queues and memory registration.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "verbs/handles.hpp"
+
+namespace rdmacc::verbs {
+
+// QP attributes that come from the config table, never from literals.
+struct QpParams {
+  uint8_t ackTimeout = 14;     // 4.096 us * 2^n
+  uint8_t retryCount = 7;
+  uint8_t rnrRetry = 7;
+  uint8_t minRnrTimer = 12;
+  uint8_t trafficClass = 0;
+  uint8_t serviceLevel = 0;
+  int gidIndex = 0;
+  ibv_mtu pathMtu = IBV_MTU_1024;  // already the min of both ends and the cap
+  uint32_t sendDepth = 256;
+  uint32_t recvDepth = 256;
+  uint32_t maxInline = 64;
+};
+
+// A completion queue with its completion channel.
+// Threading: poll() and waitForEvent() from one thread at a time.
+class CompletionQueue {
+ public:
+  CompletionQueue(ibv_context* context, int entries);
+  ibv_cq* get() const noexcept { return cq_.get(); }
+  int entries() const noexcept { return cq_->cqe; }
+  // Returns the number of completions written to wcs; throws on a poll error.
+  int poll(std::span<ibv_wc> wcs);
+  // Arms the CQ and sleeps on the channel until an event or the timeout;
+  // returns true on an event. Callers poll again afterwards either way.
+  bool waitForEvent(std::chrono::milliseconds timeout);
+
+ private:
+  CompChannelPtr channel_;
+  CqPtr cq_;  // after its channel: destroyed first
+  unsigned unackedEvents_ = 0;
+};
+
+PdPtr allocatePd(ibv_context* context);
+// Throws Error(Registration) naming the locked-memory limit on failure.
+MrPtr registerMemory(ibv_pd* pd, void* addr, size_t length, int access);
+constexpr int kRemoteWriteAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+// An RC QP on pd whose send and receive completions go to cq.
+QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params);
+// State transitions with the attributes rdma_cm computed for id (port, P_Key,
+// path), overridden by params (GID index, MTU, timeouts, retries).
+void moveToInit(ibv_qp* qp, rdma_cm_id* id);
+void moveToRtr(ibv_qp* qp, rdma_cm_id* id, const QpParams& params);
+void moveToRts(ibv_qp* qp, rdma_cm_id* id, const QpParams& params);
+
+// One RDMA WRITE (optionally WITH_IMM). Returns ibv_post_send's errno (0 = ok).
+struct WriteRequest {
+  uint64_t wrId = 0;
+  const void* local = nullptr;
+  uint32_t lkey = 0;
+  uint32_t length = 0;
+  uint64_t remoteAddr = 0;
+  uint32_t rkey = 0;
+  std::optional<uint32_t> imm;  // host order
+  bool signaled = true;
+  bool inlineData = false;
+};
+int postWrite(ibv_qp* qp, const WriteRequest& request);
+// Posts count receive WRs with no scatter entries (for WRITE_WITH_IMM).
+int postEmptyRecvs(ibv_qp* qp, uint64_t wrId, uint32_t count);
+
+}  // namespace rdmacc::verbs
+
+namespace rdmacc::verbs {
+// The inline-data capacity the device actually granted the QP.
+uint32_t maxInlineData(ibv_qp* qp);
+}  // namespace rdmacc::verbs
