@@ -53,7 +53,6 @@ struct Mesh::Setup {
   Mesh& mesh;
   Store& store;
   uint64_t token;
-  uint64_t presentedToken;
   Clock::time_point deadline;
   std::vector<std::optional<std::pair<std::string, uint16_t>>> addresses;  // of lower ranks
   std::map<rdma_cm_id*, Attempt> attempts;
@@ -72,7 +71,7 @@ struct Mesh::Setup {
                             .rank = static_cast<uint32_t>(mesh.rank_),
                             .targetRank = static_cast<uint32_t>(peer),
                             .worldSize = static_cast<uint32_t>(mesh.size_),
-                            .token = presentedToken,
+                            .token = token,
                             .activeMtu = static_cast<uint32_t>(mesh.endpoint_.activeMtu)};
   }
 
@@ -194,7 +193,7 @@ struct Mesh::Setup {
         auto theirs = handshake::decodeHello(verbs::privateData(event));
         auto reason = theirs ? handshake::validate(*theirs, {.myRank = static_cast<uint32_t>(mesh.rank_),
                                                            .worldSize = static_cast<uint32_t>(mesh.size_),
-                                                           .token = presentedToken,
+                                                           .token = token,
                                                            .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
                                                            .minPeer = static_cast<uint32_t>(a.peer),
                                                            .maxPeer = static_cast<uint32_t>(a.peer)})
@@ -424,7 +423,6 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     Setup setup{.mesh = *this,
                 .store = groupStore,
                 .token = token,
-                .presentedToken = options.tokenOverride.value_or(token),
                 .deadline = deadline,
                 .addresses = std::vector<std::optional<std::pair<std::string, uint16_t>>>(static_cast<size_t>(size))};
     setup.connectionView.assign(connections_.size(), nullptr);

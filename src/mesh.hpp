@@ -19,8 +19,6 @@ namespace rdmacc {
 
 struct MeshOptions {
   std::string group = "default";  // store namespace: one mesh per group name
-  // Tests only: present this token instead of the group's (a "stranger").
-  std::optional<uint64_t> tokenOverride;
 };
 
 // Built and destroyed by one thread. Afterwards the QPs, PD and CQ may be

@@ -1,0 +1,291 @@
+// Device tests: need a real verbs device (run them in the rxe VM when the host
+// has none: tools/with-rdma-device). Two kinds:
+//   MultiRank.*  run under `rdmacc-run -n N` (one process per rank);
+//   InProcess.*  run as one process, ranks as threads sharing a HashStore.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "rdmacc/config.hpp"
+#include "rdmacc/environment.hpp"
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+#include "rdmacc/topology.hpp"
+#include "src/buffer.hpp"
+#include "src/mesh.hpp"
+#include "src/wr_id.hpp"
+#include "verbs/error.hpp"
+
+namespace rdmacc {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::optional<GroupEnvironment> gGroup;
+
+constexpr size_t kSlotBytes = 4099;  // odd on purpose: no alignment luck
+
+uint8_t pattern(int src, int dst, int qp, size_t i) {
+  return static_cast<uint8_t>((i * 31 + static_cast<size_t>(src) * 7 + static_cast<size_t>(dst) * 13 +
+                               static_cast<size_t>(qp) * 101 + 5) & 0xff);
+}
+
+void storeBarrier(Store& store, const std::string& name, int size) {
+  store.add(name, 1);
+  auto deadline = Clock::now() + 60s;
+  while (std::stoll(toString(store.get(name))) < size) {
+    ASSERT_LT(Clock::now(), deadline) << "barrier " << name << " timed out";
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+// Every rank writes a distinct pattern into its own slot at every peer, on every
+// QP, with WRITE_WITH_IMM carrying (source, qp); every rank then checks that it
+// got exactly one immediate per (peer, qp) and that every byte is right.
+void exchangeAllPairs(Mesh& mesh, Store& store, const std::string& tag) {
+  const int rank = mesh.rank(), size = mesh.size(), qps = mesh.qpsPerPeer();
+  const size_t slots = static_cast<size_t>(size * qps);
+  PageBuffer source(slots * kSlotBytes), target(slots * kSlotBytes);
+  auto sourceMr = verbs::registerMemory(mesh.pd(), source.data(), source.size(), verbs::kRemoteWriteAccess);
+  auto targetMr = verbs::registerMemory(mesh.pd(), target.data(), target.size(), verbs::kRemoteWriteAccess);
+  store.set(fmt::format("{}/mr/{}", tag, rank),
+            toBytes(fmt::format("{}:{}", reinterpret_cast<uintptr_t>(target.data()), targetMr->rkey)));
+
+  int posted = 0;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    std::string mr = toString(store.get(fmt::format("{}/mr/{}", tag, peer)));
+    uint64_t addr = std::stoull(mr.substr(0, mr.find(':')));
+    auto rkey = static_cast<uint32_t>(std::stoul(mr.substr(mr.find(':') + 1)));
+    for (int q = 0; q < qps; ++q) {
+      size_t slot = static_cast<size_t>(rank * qps + q);
+      uint8_t* src = source.data() + static_cast<size_t>(peer * qps + q) * kSlotBytes;
+      for (size_t i = 0; i < kSlotBytes; ++i) src[i] = pattern(rank, peer, q, i);
+      verbs::WriteRequest w{.wrId = pack(WrId{WrKind::WriteImm, static_cast<uint8_t>(q), static_cast<uint16_t>(peer), 0}),
+                            .local = src,
+                            .lkey = sourceMr->lkey,
+                            .length = static_cast<uint32_t>(kSlotBytes),
+                            .remoteAddr = addr + slot * kSlotBytes,
+                            .rkey = rkey,
+                            .imm = static_cast<uint32_t>(rank << 8 | q)};
+      ASSERT_EQ(verbs::postWrite(mesh.qp(peer, q), w), 0);
+      ++posted;
+    }
+  }
+  int sends = 0;
+  std::set<uint32_t> imms;
+  const int expected = (size - 1) * qps;
+  auto deadline = Clock::now() + 60s;
+  while (sends < posted || static_cast<int>(imms.size()) < expected) {
+    std::array<ibv_wc, 16> wcs;
+    int n = mesh.cq().poll(wcs);
+    for (int i = 0; i < n; ++i) {
+      const ibv_wc& wc = wcs[static_cast<size_t>(i)];
+      WrId id = unpack(wc.wr_id);
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << verbs::completionError(wc, id.peer, "", "test write").what();
+      if (id.kind == WrKind::Recv) {
+        ASSERT_EQ(wc.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+        uint32_t imm = ntohl(wc.imm_data);
+        EXPECT_EQ(static_cast<int>(imm >> 8), id.peer) << "immediate from the wrong QP";
+        EXPECT_TRUE(imms.insert(imm).second) << "duplicate immediate " << imm;
+      } else {
+        ++sends;
+      }
+    }
+    ASSERT_LT(Clock::now(), deadline) << fmt::format("rank {}: {} of {} sends, {} of {} immediates", rank, sends,
+                                                     posted, imms.size(), expected);
+  }
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    for (int q = 0; q < qps; ++q) {
+      EXPECT_TRUE(imms.contains(static_cast<uint32_t>(peer << 8 | q))) << "no immediate from " << peer << "/" << q;
+      const uint8_t* got = target.data() + static_cast<size_t>(peer * qps + q) * kSlotBytes;
+      size_t bad = 0;
+      for (size_t i = 0; i < kSlotBytes; ++i) bad += got[i] != pattern(peer, rank, q, i);
+      EXPECT_EQ(bad, 0u) << "rank " << rank << ": bytes from rank " << peer << " qp " << q << " corrupted";
+    }
+  }
+  // Nobody tears down QPs while a peer may still be writing.
+  storeBarrier(store, tag + "/done", size);
+}
+
+void expectRoceV2Ipv4Gid(const Mesh& mesh) {
+  const Endpoint& ep = mesh.endpoint();
+  EXPECT_EQ(ep.gidType, "RoCE v2");
+  EXPECT_TRUE(ep.gid.starts_with("::ffff:")) << ep.gid;
+  EXPECT_EQ(ep.gid, "::ffff:" + ep.ipv4);
+  if (const char* want = std::getenv("RXE_GID_INDEX")) {
+    EXPECT_EQ(ep.gidIndex, std::atoi(want));
+  }
+  // The QPs really use it.
+  for (int peer = 0; peer < mesh.size(); ++peer) {
+    if (peer == mesh.rank()) continue;
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    ASSERT_EQ(ibv_query_qp(mesh.qp(peer), &attr, IBV_QP_AV | IBV_QP_STATE | IBV_QP_PATH_MTU, &init), 0);
+    EXPECT_EQ(attr.qp_state, IBV_QPS_RTS);
+    EXPECT_EQ(attr.ah_attr.grh.sgid_index, ep.gidIndex);
+  }
+}
+
+// ------------------------------------------------------------ multi-rank --
+
+TEST(MultiRank, MeshFormsAndEveryPairExchangesWriteWithImm) {
+  ASSERT_TRUE(gGroup) << "run under rdmacc-run";
+  Config config = Config::load();
+  Mesh mesh(*gGroup->store, gGroup->rank, gGroup->size, config, MeshOptions{.group = "mesh-test"});
+  EXPECT_EQ(mesh.qpsPerPeer(), config.getInt("RDMACC_QPS_PER_PEER"));
+  expectRoceV2Ipv4Gid(mesh);
+  for (int peer = 0; peer < mesh.size(); ++peer) {
+    if (peer != mesh.rank()) {
+      EXPECT_EQ(mesh.pathMtu(peer), mesh.endpoint().activeMtu);
+    }
+  }
+  exchangeAllPairs(mesh, *gGroup->store, "mesh-test/x1");
+  exchangeAllPairs(mesh, *gGroup->store, "mesh-test/x2");  // QPs and receives stay usable
+}
+
+// ------------------------------------------------------------ in-process --
+
+Config quickConfig(std::map<std::string, std::string> extra = {}) {
+  extra.emplace("RDMACC_CONNECT_TIMEOUT", "4s");
+  return Config::load(extra);
+}
+
+TEST(InProcess, MissingRankIsNamedAfterTheTimeout) {
+  HashStore store(10s);
+  Config config = quickConfig();
+  std::array<std::string, 2> errors;
+  std::array<Clock::duration, 2> took{};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto start = Clock::now();
+      try {
+        Mesh mesh(store, r, 3, config, MeshOptions{.group = "missing"});
+        errors[static_cast<size_t>(r)] = "formed without rank 2";
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        EXPECT_EQ(e.kind(), ErrorKind::Timeout) << e.what();
+        EXPECT_EQ(e.peerRank(), 2) << e.what();
+      }
+      took[static_cast<size_t>(r)] = Clock::now() - start;
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank(s) 2 never arrived"), std::string::npos)
+        << errors[static_cast<size_t>(r)];
+    EXPECT_LT(took[static_cast<size_t>(r)], 20s);
+    EXPECT_GE(took[static_cast<size_t>(r)], 3s);
+  }
+}
+
+TEST(InProcess, StrangerWithWrongTokenIsRejectedAndTheGroupStillForms) {
+  HashStore store(20s);
+  Config config = quickConfig({{"RDMACC_CONNECT_TIMEOUT", "20s"}});
+  std::string rank0Error, rank1Error;
+  std::optional<Endpoint> formed;
+  std::thread rank0([&] {
+    try {
+      Mesh mesh(store, 0, 2, config, MeshOptions{.group = "stranger"});
+      formed = mesh.endpoint();
+      storeBarrier(store, "stranger-done", 2);
+    } catch (const std::exception& e) {
+      rank0Error = e.what();
+    }
+  });
+  // The stranger belongs to another job (its own store, its own token) but
+  // knows rank 0's address.
+  std::string addr0 = toString(store.get("rdmacc/mesh/stranger/addr/0"));
+  HashStore otherJob(5s);
+  otherJob.set("rdmacc/mesh/stranger/token", toBytes("12345"));
+  otherJob.set("rdmacc/mesh/stranger/addr/0", toBytes(addr0));
+  try {
+    Mesh stranger(otherJob, 1, 2, quickConfig(), MeshOptions{.group = "stranger"});
+    ADD_FAILURE() << "the stranger was accepted";
+  } catch (const Error& e) {
+    std::string w = e.what();
+    EXPECT_NE(w.find("rank 0 rejected our connection: wrong group token"), std::string::npos) << w;
+  }
+  std::thread rank1([&] {
+    try {
+      Mesh mesh(store, 1, 2, config, MeshOptions{.group = "stranger"});
+      storeBarrier(store, "stranger-done", 2);
+    } catch (const std::exception& e) {
+      rank1Error = e.what();
+    }
+  });
+  rank0.join();
+  rank1.join();
+  EXPECT_EQ(rank0Error, "");
+  EXPECT_EQ(rank1Error, "");
+  EXPECT_TRUE(formed);
+}
+
+TEST(InProcess, SingleRankGroupNeedsNoPeers) {
+  HashStore store;
+  Mesh mesh(store, 0, 1, quickConfig(), MeshOptions{.group = "solo"});
+  EXPECT_EQ(mesh.size(), 1);
+  EXPECT_NE(mesh.pd(), nullptr);
+}
+
+TEST(InProcess, BadDeviceChoicesNameWhatExists) {
+  auto expectError = [](std::map<std::string, std::string> opts, const std::string& fragment) {
+    try {
+      selectEndpoint(Config::load(opts));
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  auto devices = listDevices();
+  ASSERT_FALSE(devices.empty());
+  const std::string dev = devices.front().name;
+  expectError({{"RDMACC_IB_HCA", "nosuch0"}}, "devices here: " + dev);
+  expectError({{"RDMACC_IB_HCA", dev + ":9"}}, "port 9 does not exist");
+  expectError({{"RDMACC_IB_HCA", dev + ":x"}}, "bad port");
+  expectError({{"RDMACC_IB_GID_INDEX", "77"}}, "RDMACC_IB_GID_INDEX=77 does not exist");
+  expectError({{"RDMACC_SOCKET_IFNAME", "nosuch-if"}}, "RDMACC_SOCKET_IFNAME=nosuch-if");
+  EXPECT_NO_THROW(selectEndpoint(Config::load({{"RDMACC_IB_HCA", dev + ":1"}})));
+}
+
+TEST(InProcess, RegistrationOfUnmappedMemoryFailsClearly) {
+  HashStore store;
+  Mesh mesh(store, 0, 1, quickConfig(), MeshOptions{.group = "memlock"});
+  try {
+    // Not mapped memory: registration must fail and say why.
+    verbs::registerMemory(mesh.pd(), reinterpret_cast<void*>(4096), 4096, verbs::kRemoteWriteAccess);
+    ADD_FAILURE() << "registered unmapped memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Registration);
+    EXPECT_NE(std::string(e.what()).find("ibv_reg_mr"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace rdmacc
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (std::getenv("WORLD_SIZE") != nullptr) {
+    try {
+      rdmacc::gGroup = rdmacc::groupFromEnvironment(rdmacc::Config::load());
+      rdmacc::setLogPrefix(fmt::format("rank {}", rdmacc::gGroup->rank));
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "cannot join the group: {}\n", e.what());
+      return 1;
+    }
+  }
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,285 @@
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "rdmacc/error.hpp"
+#include "rdmacc/store.hpp"
+#include "src/socket.hpp"
+#include "src/store_protocol.hpp"
+
+namespace rdmacc {
+namespace {
+
+using namespace std::chrono_literals;
+namespace sp = store_protocol;
+
+// Each parameter makes a fresh store and, for the shared-medium stores, a
+// second client of the same store (what another rank would hold).
+struct StoreFactory {
+  std::string name;
+  std::function<std::pair<std::shared_ptr<Store>, std::function<std::shared_ptr<Store>()>>()> make;
+};
+
+void PrintTo(const StoreFactory& f, std::ostream* os) { *os << f.name; }
+
+std::string tempPath() {
+  static std::atomic<int> n{0};
+  return (std::filesystem::temp_directory_path() /
+          ("rdmacc-filestore-" + std::to_string(::getpid()) + "-" + std::to_string(n++)))
+      .string();
+}
+
+std::vector<StoreFactory> factories() {
+  return {
+      {"Hash",
+       [] {
+         auto s = std::make_shared<HashStore>(2s);
+         return std::pair<std::shared_ptr<Store>, std::function<std::shared_ptr<Store>()>>(s, [s] { return s; });
+       }},
+      {"File",
+       [] {
+         auto path = tempPath();
+         std::filesystem::remove(path);
+         auto s = std::make_shared<FileStore>(path, 2s);
+         return std::pair<std::shared_ptr<Store>, std::function<std::shared_ptr<Store>()>>(
+             s, [path] { return std::make_shared<FileStore>(path, 2s); });
+       }},
+      {"TCP",
+       [] {
+         auto s = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.isServer = true, .timeout = 2s});
+         uint16_t port = s->port();
+         return std::pair<std::shared_ptr<Store>, std::function<std::shared_ptr<Store>()>>(s, [port] {
+           return std::make_shared<TCPStore>("127.0.0.1", port, TCPStoreOptions{.timeout = 2s});
+         });
+       }},
+  };
+}
+
+class StoreTest : public ::testing::TestWithParam<StoreFactory> {};
+
+TEST_P(StoreTest, SetGetCheckDelete) {
+  auto [store, other] = GetParam().make();
+  store->set("a", toBytes("hello"));
+  EXPECT_EQ(toString(store->get("a")), "hello");
+  auto peer = other();
+  EXPECT_EQ(toString(peer->get("a")), "hello");
+  EXPECT_TRUE(peer->check({"a"}));
+  EXPECT_FALSE(peer->check({"a", "b"}));
+  peer->set("a", toBytes("again"));
+  EXPECT_EQ(toString(store->get("a")), "again");
+  EXPECT_TRUE(store->deleteKey("a"));
+  EXPECT_FALSE(store->deleteKey("a"));
+  EXPECT_FALSE(peer->check({"a"}));
+  store->set("empty", {});
+  EXPECT_TRUE(store->get("empty").empty());
+}
+
+TEST_P(StoreTest, BinaryValuesSurvive) {
+  auto [store, other] = GetParam().make();
+  Bytes value(70000);
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<uint8_t>(i * 7);
+  store->set("bin", value);
+  EXPECT_EQ(other()->get("bin"), value);
+}
+
+TEST_P(StoreTest, AddIsAtomicAcrossClients) {
+  auto [store, other] = GetParam().make();
+  constexpr int kThreads = 4, kAdds = 50;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, client = other()] {
+      for (int i = 0; i < kAdds; ++i) client->add("counter", 1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(store->add("counter", 0), kThreads * kAdds);
+  EXPECT_EQ(store->add("counter", -5), kThreads * kAdds - 5);
+  EXPECT_EQ(toString(store->get("counter")), std::to_string(kThreads * kAdds - 5));
+  store->set("text", toBytes("nope"));
+  EXPECT_THROW(store->add("text", 1), Error);
+}
+
+TEST_P(StoreTest, GetWaitsForASetFromAnotherClient) {
+  auto [store, other] = GetParam().make();
+  std::thread setter([client = other()] {
+    std::this_thread::sleep_for(100ms);
+    client->set("late", toBytes("here"));
+  });
+  EXPECT_EQ(toString(store->get("late")), "here");
+  setter.join();
+  store->wait({"late"}, 10ms);
+}
+
+TEST_P(StoreTest, WaitTimesOutNamingTheMissingKeys) {
+  auto [store, other] = GetParam().make();
+  store->set("present", toBytes("1"));
+  auto start = std::chrono::steady_clock::now();
+  try {
+    store->wait({"present", "absent/7"}, 200ms);
+    FAIL() << "wait returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Timeout);
+    std::string w = e.what();
+    EXPECT_NE(w.find("absent/7"), std::string::npos) << w;
+    EXPECT_EQ(w.find("present"), std::string::npos) << w;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  store->setTimeout(100ms);
+  EXPECT_THROW(store->get("never"), Error);
+  // The store still works after a timeout.
+  store->set("after", toBytes("ok"));
+  EXPECT_EQ(toString(store->get("after")), "ok");
+}
+
+TEST_P(StoreTest, PrefixStoreSeparatesGroups) {
+  auto [store, other] = GetParam().make();
+  PrefixStore a("group-a", store), b("group-b", store);
+  a.set("k", toBytes("A"));
+  b.set("k", toBytes("B"));
+  EXPECT_EQ(toString(a.get("k")), "A");
+  EXPECT_EQ(toString(b.get("k")), "B");
+  EXPECT_EQ(toString(store->get("group-a/k")), "A");
+  EXPECT_TRUE(a.check({"k"}));
+  EXPECT_TRUE(a.deleteKey("k"));
+  EXPECT_FALSE(a.check({"k"}));
+  EXPECT_TRUE(b.check({"k"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, StoreTest, ::testing::ValuesIn(factories()),
+                         [](const auto& p) { return p.param.name; });
+
+TEST(TCPStore, UnreachableServerNamesHostAndPort) {
+  // A port with nothing listening: bind, learn the port, close.
+  uint16_t port = 0;
+  {
+    auto fd = net::listenTcp("127.0.0.1", 0);
+    port = net::localPort(fd.get());
+  }
+  auto start = std::chrono::steady_clock::now();
+  try {
+    TCPStore store("127.0.0.1", port, TCPStoreOptions{.timeout = 1s, .connectTimeout = 300ms});
+    FAIL() << "connected to nothing";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Store);
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MASTER_ADDR"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+TEST(TCPStore, ServerGoneIsAClearErrorAndClientReconnects) {
+  auto server = std::make_unique<TCPStoreServer>("127.0.0.1", 0);
+  uint16_t port = server->port();
+  TCPStore client("127.0.0.1", port, TCPStoreOptions{.timeout = 1s, .connectTimeout = 300ms});
+  client.set("k", toBytes("v"));
+  server.reset();
+  EXPECT_THROW(client.get("k"), Error);
+  // A new server on the same port: the next call reconnects.
+  server = std::make_unique<TCPStoreServer>("127.0.0.1", port);
+  client.set("k2", toBytes("v2"));
+  EXPECT_EQ(toString(client.get("k2")), "v2");
+}
+
+// Sends raw bytes to the server and reports whether it closed the connection.
+bool serverDrops(uint16_t port, const std::vector<uint8_t>& bytes) {
+  int err = 0;
+  std::string detail;
+  auto fd = net::tryConnectTcp("127.0.0.1", port, err, detail);
+  EXPECT_TRUE(fd) << detail;
+  ::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  uint8_t buf[16];
+  auto deadline = net::Clock::now() + 2s;
+  try {
+    return !net::recvAll(fd.get(), buf, sizeof buf, deadline) ? false : false;
+  } catch (const Error&) {
+    return true;  // EOF or reset
+  }
+}
+
+std::vector<uint8_t> frame(std::vector<uint8_t> body) {
+  std::vector<uint8_t> out(4 + body.size());
+  for (size_t k = 0; k < 4; ++k) out[k] = static_cast<uint8_t>(body.size() >> (8 * k));
+  std::copy(body.begin(), body.end(), out.begin() + 4);
+  return out;
+}
+
+TEST(TCPStoreServer, MalformedFramesDropOnlyThatClient) {
+  TCPStoreServer server("127.0.0.1", 0);
+  TCPStore good("127.0.0.1", server.port(), TCPStoreOptions{.timeout = 2s});
+  good.set("survivor", toBytes("yes"));
+  // Oversized frame length.
+  EXPECT_TRUE(serverDrops(server.port(), {0xff, 0xff, 0xff, 0xff, 1, 2, 3}));
+  // Zero-length frame.
+  EXPECT_TRUE(serverDrops(server.port(), {0, 0, 0, 0}));
+  // Unknown command.
+  EXPECT_TRUE(serverDrops(server.port(), frame({99, 0, 0, 0, 0})));
+  // Key length larger than the frame.
+  EXPECT_TRUE(serverDrops(server.port(), frame({2, 0xff, 0xff, 0, 0, 'a'})));
+  // Key over the key limit.
+  EXPECT_TRUE(serverDrops(server.port(), frame({2, 0x00, 0x20, 0, 0, 'a'})));
+  // Trailing bytes after a valid GET.
+  EXPECT_TRUE(serverDrops(server.port(), frame({2, 1, 0, 0, 0, 'a', 'x'})));
+  // Too many keys in a CHECK.
+  EXPECT_TRUE(serverDrops(server.port(), frame({4, 0xff, 0xff, 0xff, 0x7f})));
+  // The well-behaved client never noticed.
+  EXPECT_EQ(toString(good.get("survivor")), "yes");
+  good.set("still", toBytes("serving"));
+  EXPECT_EQ(toString(good.get("still")), "serving");
+}
+
+TEST(TCPStoreServer, ClientVanishingWhileBlockedIsHarmless) {
+  TCPStoreServer server("127.0.0.1", 0);
+  {
+    TCPStore waiter("127.0.0.1", server.port(), TCPStoreOptions{.timeout = 100ms});
+    EXPECT_THROW(waiter.get("never"), Error);
+  }
+  TCPStore client("127.0.0.1", server.port(), TCPStoreOptions{.timeout = 2s});
+  client.set("never", toBytes("now"));
+  EXPECT_EQ(toString(client.get("never")), "now");
+}
+
+TEST(StoreProtocol, RandomBytesNeverCrashTheDecoder) {
+  std::mt19937 rng(42);
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<uint8_t> bytes(rng() % 64);
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    if (bytes.size() >= 4 && (i % 2) == 0) {  // plausible lengths reach the body parser
+      uint32_t len = static_cast<uint32_t>(bytes.size() - 4);
+      for (int k = 0; k < 4; ++k) bytes[static_cast<size_t>(k)] = static_cast<uint8_t>(len >> (8 * k));
+    }
+    sp::Request req;
+    auto r = sp::decode(bytes.data(), bytes.size(), req);
+    if (r.state == sp::Decode::Ok) {
+      EXPECT_LE(r.consumed, bytes.size());
+    }
+    sp::Response resp;
+    sp::decode(bytes.data(), bytes.size(), resp);
+  }
+}
+
+TEST(StoreProtocol, RequestsRoundTripAndSplitFramesNeedMore) {
+  sp::Request req{.command = sp::Command::Wait, .keys = {"a", "bb", ""}};
+  auto bytes = sp::encode(req);
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    sp::Request out;
+    EXPECT_EQ(sp::decode(bytes.data(), cut, out).state, sp::Decode::NeedMore) << cut;
+  }
+  sp::Request out;
+  auto r = sp::decode(bytes.data(), bytes.size(), out);
+  ASSERT_EQ(r.state, sp::Decode::Ok);
+  EXPECT_EQ(r.consumed, bytes.size());
+  EXPECT_EQ(out.keys, req.keys);
+  EXPECT_EQ(out.command, sp::Command::Wait);
+}
+
+}  // namespace
+}  // namespace rdmacc
