@@ -10,13 +10,16 @@
 
 namespace rdmacc {
 
-void PageUnmap::operator()(uint8_t* p) const noexcept { ::munmap(p, size); }
+void PageUnmap::operator()(uint8_t* p) const noexcept {
+  ::munmap(p, size);
+}
 
 PageBuffer::PageBuffer(size_t bytes) {
   if (bytes == 0) return;
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    throw errnoError(ErrorKind::Internal, "mmap", errno, fmt::format("cannot allocate {} bytes", bytes));
+    throw errnoError(ErrorKind::Internal, "mmap", errno,
+                     fmt::format("cannot allocate {} bytes", bytes));
   }
   memory_ = std::unique_ptr<uint8_t, PageUnmap>(static_cast<uint8_t*>(p), PageUnmap{bytes});
 }

@@ -83,8 +83,12 @@ size_t editDistance(std::string_view a, std::string_view b) {
 
 void validate(const OptionSpec& spec, const std::string& text) {
   switch (spec.type) {
-    case Bool: parseBool(text, spec.name); break;
-    case Duration: parseDuration(text, spec.name); break;
+    case Bool:
+      parseBool(text, spec.name);
+      break;
+    case Duration:
+      parseDuration(text, spec.name);
+      break;
     case String:
       if (spec.name == "RDMACC_LOG_LEVEL") parseLogLevel(text);
       break;
@@ -109,24 +113,33 @@ void validate(const OptionSpec& spec, const std::string& text) {
 
 const char* toString(OptionType type) noexcept {
   switch (type) {
-    case Bool: return "bool";
-    case Int: return "int";
-    case String: return "string";
-    case Duration: return "duration";
+    case Bool:
+      return "bool";
+    case Int:
+      return "int";
+    case String:
+      return "string";
+    case Duration:
+      return "duration";
   }
   return "?";
 }
 
 const char* toString(ValueSource source) noexcept {
   switch (source) {
-    case ValueSource::Default: return "default";
-    case ValueSource::Environment: return "environment";
-    case ValueSource::Explicit: return "explicit";
+    case ValueSource::Default:
+      return "default";
+    case ValueSource::Environment:
+      return "environment";
+    case ValueSource::Explicit:
+      return "explicit";
   }
   return "?";
 }
 
-std::span<const OptionSpec> optionTable() noexcept { return kOptions; }
+std::span<const OptionSpec> optionTable() noexcept {
+  return kOptions;
+}
 
 const OptionSpec* findOption(std::string_view name) noexcept {
   for (const auto& spec : kOptions) {
@@ -158,10 +171,14 @@ std::chrono::milliseconds parseDuration(std::string_view text, std::string_view 
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
   std::string_view unit = text.substr(digits);
   int64_t multiplier = -1;
-  if (unit.empty() || unit == "ms") multiplier = 1;
-  else if (unit == "s") multiplier = 1000;
-  else if (unit == "m" || unit == "min") multiplier = 60 * 1000;
-  else if (unit == "h") multiplier = 3600 * 1000;
+  if (unit.empty() || unit == "ms")
+    multiplier = 1;
+  else if (unit == "s")
+    multiplier = 1000;
+  else if (unit == "m" || unit == "min")
+    multiplier = 60 * 1000;
+  else if (unit == "h")
+    multiplier = 3600 * 1000;
   if (digits == 0 || multiplier < 0 || digits > 12) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("{}='{}' is not a duration", what, text),
                 fmt::format("write {} as a number with a unit: 500ms, 30s, 5m or 1h", what));
@@ -183,7 +200,8 @@ Config Config::load(const std::map<std::string, std::string>& explicitValues,
                     const std::vector<std::string>& environment) {
   Config config;
   for (const auto& spec : kOptions) {
-    config.values_[std::string(spec.name)] = Value{std::string(spec.defaultValue), ValueSource::Default};
+    config.values_[std::string(spec.name)] =
+        Value{std::string(spec.defaultValue), ValueSource::Default};
   }
   for (const auto& entry : environment) {
     auto eq = entry.find('=');
@@ -201,7 +219,8 @@ Config Config::load(const std::map<std::string, std::string>& explicitValues,
       }
       config.warnings_.push_back(
           best.empty() ? fmt::format("unknown environment variable {} is ignored (rdmacc-info "
-                                     "--config lists the known ones)", name)
+                                     "--config lists the known ones)",
+                                     name)
                        : fmt::format("unknown environment variable {} is ignored; did you mean {}?",
                                      name, best));
       continue;
@@ -256,9 +275,15 @@ ValueSource Config::source(std::string_view name) const {
   return it == values_.end() ? ValueSource::Default : it->second.source;
 }
 
-int64_t Config::getInt(std::string_view name) const { return parseInt(value(name, Int).text, name); }
-bool Config::getBool(std::string_view name) const { return parseBool(value(name, Bool).text, name); }
-const std::string& Config::getString(std::string_view name) const { return value(name, String).text; }
+int64_t Config::getInt(std::string_view name) const {
+  return parseInt(value(name, Int).text, name);
+}
+bool Config::getBool(std::string_view name) const {
+  return parseBool(value(name, Bool).text, name);
+}
+const std::string& Config::getString(std::string_view name) const {
+  return value(name, String).text;
+}
 std::chrono::milliseconds Config::getDuration(std::string_view name) const {
   return parseDuration(value(name, Duration).text, name);
 }

@@ -18,7 +18,8 @@ int envInt(const char* name, int min, int max) {
   const char* v = env(name);
   int64_t n = parseInt(v, name);
   if (n < min || n > max) {
-    throw Error(ErrorKind::InvalidArgument, fmt::format("{}={} is out of range [{}, {}]", name, v, min, max),
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{}={} is out of range [{}, {}]", name, v, min, max),
                 "the launcher sets it; check the launch command");
   }
   return static_cast<int>(n);
@@ -69,16 +70,19 @@ GroupEnvironment groupFromEnvironment(const Config& config) {
   const char* addr = env("MASTER_ADDR");
   const char* port = env("MASTER_PORT");
   if (addr == nullptr || port == nullptr) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("{} ranks need a rendezvous store, but MASTER_ADDR/MASTER_PORT are not set", g.size),
-                "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> (torchrun and rdmacc-run "
-                "set them for you)");
+    throw Error(
+        ErrorKind::InvalidArgument,
+        fmt::format("{} ranks need a rendezvous store, but MASTER_ADDR/MASTER_PORT are not set",
+                    g.size),
+        "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> (torchrun and rdmacc-run "
+        "set them for you)");
   }
   int portNumber = envInt("MASTER_PORT", 1, 65535);
   bool agentHosts = config.getBool("RDMACC_AGENT_STORE");
   g.store = std::make_shared<TCPStore>(
       addr, static_cast<uint16_t>(portNumber),
-      TCPStoreOptions{.isServer = g.rank == 0 && !agentHosts, .timeout = timeout, .connectTimeout = timeout});
+      TCPStoreOptions{
+          .isServer = g.rank == 0 && !agentHosts, .timeout = timeout, .connectTimeout = timeout});
   return g;
 }
 

@@ -9,18 +9,30 @@ namespace rdmacc {
 
 const char* toString(ErrorKind kind) noexcept {
   switch (kind) {
-    case ErrorKind::InvalidArgument: return "invalid argument";
-    case ErrorKind::NoDevice: return "no RDMA device";
-    case ErrorKind::Verbs: return "verbs error";
-    case ErrorKind::ConnectionManager: return "connection manager error";
-    case ErrorKind::Completion: return "work completion error";
-    case ErrorKind::Registration: return "memory registration error";
-    case ErrorKind::Timeout: return "timeout";
-    case ErrorKind::Store: return "store error";
-    case ErrorKind::Protocol: return "protocol error";
-    case ErrorKind::PeerFailure: return "peer failure";
-    case ErrorKind::Aborted: return "aborted";
-    case ErrorKind::Internal: return "internal error";
+    case ErrorKind::InvalidArgument:
+      return "invalid argument";
+    case ErrorKind::NoDevice:
+      return "no RDMA device";
+    case ErrorKind::Verbs:
+      return "verbs error";
+    case ErrorKind::ConnectionManager:
+      return "connection manager error";
+    case ErrorKind::Completion:
+      return "work completion error";
+    case ErrorKind::Registration:
+      return "memory registration error";
+    case ErrorKind::Timeout:
+      return "timeout";
+    case ErrorKind::Store:
+      return "store error";
+    case ErrorKind::Protocol:
+      return "protocol error";
+    case ErrorKind::PeerFailure:
+      return "peer failure";
+    case ErrorKind::Aborted:
+      return "aborted";
+    case ErrorKind::Internal:
+      return "internal error";
   }
   return "unknown error";
 }

@@ -37,7 +37,8 @@ class FileLock {
  public:
   FileLock(int fd, int op, const std::string& path) : fd_(fd) {
     while (::flock(fd_, op) != 0) {
-      if (errno != EINTR) throw errnoError(ErrorKind::Store, "flock", errno, fmt::format("locking {}", path));
+      if (errno != EINTR)
+        throw errnoError(ErrorKind::Store, "flock", errno, fmt::format("locking {}", path));
     }
   }
   ~FileLock() { ::flock(fd_, LOCK_UN); }
@@ -60,7 +61,7 @@ struct FileStore::State {
 
   // Replays records appended since the last call. Caller holds an flock.
   void refresh() {
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw errnoError(ErrorKind::Store, "fstat", errno, path);
     if (st.st_size < offset) {  // the file was truncated or replaced: start over
       data.clear();
@@ -70,16 +71,19 @@ struct FileStore::State {
     std::vector<uint8_t> buf(static_cast<size_t>(st.st_size - offset));
     size_t got = 0;
     while (got < buf.size()) {
-      ssize_t n = ::pread(fd.get(), buf.data() + got, buf.size() - got, offset + static_cast<off_t>(got));
+      ssize_t n =
+          ::pread(fd.get(), buf.data() + got, buf.size() - got, offset + static_cast<off_t>(got));
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw errnoError(ErrorKind::Store, "pread", errno, fmt::format("reading {}", path));
+      if (n < 0)
+        throw errnoError(ErrorKind::Store, "pread", errno, fmt::format("reading {}", path));
       if (n == 0) break;
       got += static_cast<size_t>(n);
     }
     size_t pos = 0;
     auto corrupt = [&](const char* why) {
       return Error(ErrorKind::Store,
-                   fmt::format("file store {} is corrupt at byte {}: {}", path, offset + static_cast<off_t>(pos), why),
+                   fmt::format("file store {} is corrupt at byte {}: {}", path,
+                               offset + static_cast<off_t>(pos), why),
                    "delete the file (no group may be using it) and restart the job");
     };
     while (got - pos >= 4) {
@@ -88,7 +92,8 @@ struct FileStore::State {
       if (got - pos < 8ull + klen) break;  // a record still being written
       uint32_t vlen = readU32(&buf[pos + 4 + klen]);
       size_t vbytes = vlen == kTombstone ? 0 : vlen;
-      if (vlen != kTombstone && vlen > store_protocol::kMaxValueBytes) throw corrupt("value length out of range");
+      if (vlen != kTombstone && vlen > store_protocol::kMaxValueBytes)
+        throw corrupt("value length out of range");
       if (got - pos < 8ull + klen + vbytes) break;
       std::string key(buf.begin() + static_cast<ptrdiff_t>(pos + 4),
                       buf.begin() + static_cast<ptrdiff_t>(pos + 4 + klen));
@@ -106,7 +111,8 @@ struct FileStore::State {
   // Appends one record. Caller holds LOCK_EX.
   void append(const std::string& key, const Bytes* value) {
     if (key.size() > store_protocol::kMaxKeyBytes) {
-      throw Error(ErrorKind::InvalidArgument, fmt::format("store key of {} bytes is too long", key.size()));
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("store key of {} bytes is too long", key.size()));
     }
     std::vector<uint8_t> rec;
     appendU32(rec, static_cast<uint32_t>(key.size()));
@@ -117,7 +123,8 @@ struct FileStore::State {
     while (done < rec.size()) {
       ssize_t n = ::write(fd.get(), rec.data() + done, rec.size() - done);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw errnoError(ErrorKind::Store, "write", errno, fmt::format("appending to {}", path));
+      if (n < 0)
+        throw errnoError(ErrorKind::Store, "write", errno, fmt::format("appending to {}", path));
       done += static_cast<size_t>(n);
     }
     refresh();
@@ -137,7 +144,8 @@ FileStore::FileStore(std::string path, std::chrono::milliseconds timeout)
   state_->path = std::move(path);
   state_->fd = net::Fd(::open(state_->path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (!state_->fd) {
-    throw errnoError(ErrorKind::Store, "open", errno, fmt::format("cannot open file store {}", state_->path),
+    throw errnoError(ErrorKind::Store, "open", errno,
+                     fmt::format("cannot open file store {}", state_->path),
                      "the directory must exist and be writable on every rank");
   }
 }
@@ -186,7 +194,8 @@ void FileStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
       missing = state_->missing(keys);
     }
     if (missing.empty()) return;
-    if (net::Clock::now() >= deadline) throw storeTimeout("wait", missing, timeout, "file " + state_->path);
+    if (net::Clock::now() >= deadline)
+      throw storeTimeout("wait", missing, timeout, "file " + state_->path);
     std::this_thread::sleep_for(delay);
     delay = std::min(delay * 2, std::chrono::milliseconds(50));
   }

@@ -5,7 +5,8 @@ namespace {
 
 template <typename T>
 void put(uint8_t*& p, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) *p++ = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+  for (size_t i = 0; i < sizeof(T); ++i)
+    *p++ = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
 }
 
 template <typename T>
@@ -19,14 +20,22 @@ T get(const uint8_t*& p) {
 
 const char* toString(RejectReason reason) noexcept {
   switch (reason) {
-    case RejectReason::Malformed: return "not an rdmacc connection request";
-    case RejectReason::BadVersion: return "protocol version mismatch";
-    case RejectReason::BadToken: return "wrong group token (a process of another job or group)";
-    case RejectReason::BadRank: return "rank out of range or not expected to connect";
-    case RejectReason::WrongTarget: return "connection meant for another rank";
-    case RejectReason::WorldSizeMismatch: return "world size mismatch";
-    case RejectReason::Duplicate: return "duplicate connection for an established queue pair";
-    case RejectReason::BadQpIndex: return "queue pair index out of range (RDMACC_QPS_PER_PEER differs)";
+    case RejectReason::Malformed:
+      return "not an rdmacc connection request";
+    case RejectReason::BadVersion:
+      return "protocol version mismatch";
+    case RejectReason::BadToken:
+      return "wrong group token (a process of another job or group)";
+    case RejectReason::BadRank:
+      return "rank out of range or not expected to connect";
+    case RejectReason::WrongTarget:
+      return "connection meant for another rank";
+    case RejectReason::WorldSizeMismatch:
+      return "world size mismatch";
+    case RejectReason::Duplicate:
+      return "duplicate connection for an established queue pair";
+    case RejectReason::BadQpIndex:
+      return "queue pair index out of range (RDMACC_QPS_PER_PEER differs)";
   }
   return "unknown reason";
 }

@@ -12,7 +12,7 @@ namespace rdmacc::handshake {
 
 constexpr uint32_t kMagic = 0x43434452;  // "RDCC"
 constexpr uint16_t kVersion = 1;
-constexpr size_t kHelloBytes = 32;   // fits the 56 bytes of an IB CM REQ
+constexpr size_t kHelloBytes = 32;  // fits the 56 bytes of an IB CM REQ
 constexpr size_t kRejectBytes = 8;
 
 // Sent by the connecting side in the REQ and by the accepting side in the REP.
@@ -22,8 +22,8 @@ struct Hello {
   uint32_t rank = 0;        // sender
   uint32_t targetRank = 0;  // receiver
   uint32_t worldSize = 0;
-  uint64_t token = 0;       // the group's random token from the store
-  uint32_t activeMtu = 0;   // sender port's active MTU, bytes
+  uint64_t token = 0;      // the group's random token from the store
+  uint32_t activeMtu = 0;  // sender port's active MTU, bytes
 };
 
 enum class RejectReason : uint8_t {

@@ -57,18 +57,28 @@ LogLevel parseLogLevel(std::string_view text) {
 
 const char* toString(LogLevel level) noexcept {
   switch (level) {
-    case LogLevel::Trace: return "trace";
-    case LogLevel::Debug: return "debug";
-    case LogLevel::Info: return "info";
-    case LogLevel::Warn: return "warn";
-    case LogLevel::Error: return "error";
-    case LogLevel::Off: return "off";
+    case LogLevel::Trace:
+      return "trace";
+    case LogLevel::Debug:
+      return "debug";
+    case LogLevel::Info:
+      return "info";
+    case LogLevel::Warn:
+      return "warn";
+    case LogLevel::Error:
+      return "error";
+    case LogLevel::Off:
+      return "off";
   }
   return "?";
 }
 
-void setLogLevel(LogLevel level) noexcept { levelRef().store(level, std::memory_order_relaxed); }
-LogLevel logLevel() noexcept { return levelRef().load(std::memory_order_relaxed); }
+void setLogLevel(LogLevel level) noexcept {
+  levelRef().store(level, std::memory_order_relaxed);
+}
+LogLevel logLevel() noexcept {
+  return levelRef().load(std::memory_order_relaxed);
+}
 
 void setLogPrefix(std::string prefix) {
   auto& state = sinkState();
@@ -90,9 +100,10 @@ void logMessage(LogLevel level, std::string_view message) noexcept {
       state.sink(level, message);
       return;
     }
-    std::string line = state.prefix.empty()
-                           ? fmt::format("rdmacc {}: {}\n", toString(level), message)
-                           : fmt::format("rdmacc {} {}: {}\n", state.prefix, toString(level), message);
+    std::string line =
+        state.prefix.empty()
+            ? fmt::format("rdmacc {}: {}\n", toString(level), message)
+            : fmt::format("rdmacc {} {}: {}\n", state.prefix, toString(level), message);
     // One write() per line so that lines of concurrent processes do not interleave.
     ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
     (void)ignored;

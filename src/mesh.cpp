@@ -23,11 +23,14 @@ using namespace std::chrono_literals;
 constexpr auto kResolveTimeout = 5000ms;
 constexpr auto kRetryDelay = 200ms;
 
-std::string rankList(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ", ")); }
+std::string rankList(const std::vector<int>& ranks) {
+  return fmt::format("{}", fmt::join(ranks, ", "));
+}
 
 uint64_t randomToken() {
   std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+         static_cast<uint64_t>(Clock::now().time_since_epoch().count());
 }
 
 }  // namespace
@@ -77,7 +80,8 @@ struct Mesh::Setup {
 
   verbs::QpParams paramsFor(int remoteMtu) const {
     verbs::QpParams p = mesh.params_;
-    int mtu = std::min(mesh.endpoint_.activeMtu, remoteMtu > 0 ? remoteMtu : mesh.endpoint_.activeMtu);
+    int mtu =
+        std::min(mesh.endpoint_.activeMtu, remoteMtu > 0 ? remoteMtu : mesh.endpoint_.activeMtu);
     p.pathMtu = verbs::mtuFromBytes(mtu);
     return p;
   }
@@ -121,7 +125,8 @@ struct Mesh::Setup {
       std::string text = toString(store.get(key));
       auto colon = text.rfind(':');
       if (colon == std::string::npos) {
-        throw Error(ErrorKind::Protocol, fmt::format("rank {} published a malformed address '{}'", peer, text));
+        throw Error(ErrorKind::Protocol,
+                    fmt::format("rank {} published a malformed address '{}'", peer, text));
       }
       a.emplace(text.substr(0, colon), static_cast<uint16_t>(std::stoi(text.substr(colon + 1))));
       mesh.peerAddresses_[static_cast<size_t>(peer)] = text;
@@ -138,18 +143,19 @@ struct Mesh::Setup {
       reason = handshake::RejectReason::Malformed;
     } else {
       reason = handshake::validate(*theirs, {.myRank = static_cast<uint32_t>(mesh.rank_),
-                                            .worldSize = static_cast<uint32_t>(mesh.size_),
-                                            .token = token,
-                                            .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
-                                            .minPeer = static_cast<uint32_t>(mesh.rank_ + 1),
-                                            .maxPeer = static_cast<uint32_t>(mesh.size_ - 1)});
+                                             .worldSize = static_cast<uint32_t>(mesh.size_),
+                                             .token = token,
+                                             .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
+                                             .minPeer = static_cast<uint32_t>(mesh.rank_ + 1),
+                                             .maxPeer = static_cast<uint32_t>(mesh.size_ - 1)});
       if (!reason && slot(static_cast<int>(theirs->rank), theirs->qpIndex) != nullptr) {
         reason = handshake::RejectReason::Duplicate;
       }
     }
     if (reason) {
       log(LogLevel::Warn, "rejected a connection from {}{}: {}", from,
-          theirs ? fmt::format(" claiming rank {}", theirs->rank) : "", handshake::toString(*reason));
+          theirs ? fmt::format(" claiming rank {}", theirs->rank) : "",
+          handshake::toString(*reason));
       auto data = handshake::encodeReject(*reason);
       verbs::reject(id.get(), data);
       discard.push_back(std::move(id));
@@ -172,7 +178,9 @@ struct Mesh::Setup {
     verbs::moveToRtr(a.qp.get(), a.id.get(), params);
     verbs::moveToRts(a.qp.get(), a.id.get(), params);
     auto mine = handshake::encode(hello(peer, q));
-    verbs::accept(a.id.get(), {.privateData = mine, .qpNum = a.qp->qp_num, .retryCount = params.retryCount,
+    verbs::accept(a.id.get(), {.privateData = mine,
+                               .qpNum = a.qp->qp_num,
+                               .retryCount = params.retryCount,
                                .rnrRetry = params.rnrRetry});
     mesh.peerAddresses_[static_cast<size_t>(peer)] = from;
     rdma_cm_id* key = a.id.get();
@@ -181,32 +189,38 @@ struct Mesh::Setup {
 
   void onActiveEvent(Attempt& a, rdma_cm_event* event, bool& drop) {
     switch (event->event) {
-      case RDMA_CM_EVENT_ADDR_RESOLVED: verbs::resolveRoute(a.id.get(), kResolveTimeout); break;
+      case RDMA_CM_EVENT_ADDR_RESOLVED:
+        verbs::resolveRoute(a.id.get(), kResolveTimeout);
+        break;
       case RDMA_CM_EVENT_ROUTE_RESOLVED: {
         a.qp = makeQp(a.id.get(), a.peer, a.qpIndex);
         auto mine = handshake::encode(hello(a.peer, a.qpIndex));
-        verbs::connect(a.id.get(), {.privateData = mine, .qpNum = a.qp->qp_num,
-                                    .retryCount = mesh.params_.retryCount, .rnrRetry = mesh.params_.rnrRetry});
+        verbs::connect(a.id.get(), {.privateData = mine,
+                                    .qpNum = a.qp->qp_num,
+                                    .retryCount = mesh.params_.retryCount,
+                                    .rnrRetry = mesh.params_.rnrRetry});
         break;
       }
       case RDMA_CM_EVENT_CONNECT_RESPONSE: {
         auto theirs = handshake::decodeHello(verbs::privateData(event));
-        auto reason = theirs ? handshake::validate(*theirs, {.myRank = static_cast<uint32_t>(mesh.rank_),
-                                                           .worldSize = static_cast<uint32_t>(mesh.size_),
-                                                           .token = token,
-                                                           .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
-                                                           .minPeer = static_cast<uint32_t>(a.peer),
-                                                           .maxPeer = static_cast<uint32_t>(a.peer)})
-                            : std::optional(handshake::RejectReason::Malformed);
+        auto reason = theirs ? handshake::validate(
+                                   *theirs, {.myRank = static_cast<uint32_t>(mesh.rank_),
+                                             .worldSize = static_cast<uint32_t>(mesh.size_),
+                                             .token = token,
+                                             .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
+                                             .minPeer = static_cast<uint32_t>(a.peer),
+                                             .maxPeer = static_cast<uint32_t>(a.peer)})
+                             : std::optional(handshake::RejectReason::Malformed);
         if (reason) {
-          throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
-                                .message = fmt::format("the process at {} answered as something other than rank "
-                                                       "{} of this group: {}",
-                                                       mesh.peerAddresses_[static_cast<size_t>(a.peer)], a.peer,
-                                                       handshake::toString(*reason)),
-                                .peerRank = a.peer,
-                                .hint = "another job may be using the same store; give each job its own "
-                                        "MASTER_PORT"});
+          throw Error(ErrorInfo{
+              .kind = ErrorKind::Protocol,
+              .message = fmt::format("the process at {} answered as something other than rank "
+                                     "{} of this group: {}",
+                                     mesh.peerAddresses_[static_cast<size_t>(a.peer)], a.peer,
+                                     handshake::toString(*reason)),
+              .peerRank = a.peer,
+              .hint = "another job may be using the same store; give each job its own "
+                      "MASTER_PORT"});
         }
         auto params = paramsFor(static_cast<int>(theirs->activeMtu));
         a.pathMtu = verbs::mtuBytes(params.pathMtu);
@@ -219,14 +233,15 @@ struct Mesh::Setup {
       }
       case RDMA_CM_EVENT_REJECTED: {
         if (auto reason = handshake::decodeReject(verbs::privateData(event))) {
-          throw Error(ErrorInfo{.kind = ErrorKind::ConnectionManager,
-                                .message = fmt::format("rank {} rejected our connection: {}", a.peer,
-                                                       handshake::toString(*reason)),
-                                .call = "rdma_connect",
-                                .peerRank = a.peer,
-                                .peerAddress = mesh.peerAddresses_[static_cast<size_t>(a.peer)],
-                                .hint = "every rank of a group must run the same rdmacc version with the "
-                                        "same RDMACC_QPS_PER_PEER and store"});
+          throw Error(
+              ErrorInfo{.kind = ErrorKind::ConnectionManager,
+                        .message = fmt::format("rank {} rejected our connection: {}", a.peer,
+                                               handshake::toString(*reason)),
+                        .call = "rdma_connect",
+                        .peerRank = a.peer,
+                        .peerAddress = mesh.peerAddresses_[static_cast<size_t>(a.peer)],
+                        .hint = "every rank of a group must run the same rdmacc version with the "
+                                "same RDMACC_QPS_PER_PEER and store"});
         }
         [[fallthrough]];
       }
@@ -234,8 +249,8 @@ struct Mesh::Setup {
       case RDMA_CM_EVENT_ROUTE_ERROR:
       case RDMA_CM_EVENT_UNREACHABLE:
       case RDMA_CM_EVENT_CONNECT_ERROR:
-        log(LogLevel::Debug, "connection to rank {} qp {}: {} (status {}); retrying", a.peer, a.qpIndex,
-            verbs::eventName(event->event), event->status);
+        log(LogLevel::Debug, "connection to rank {} qp {}: {} (status {}); retrying", a.peer,
+            a.qpIndex, verbs::eventName(event->event), event->status);
         retries.emplace_back(Clock::now() + kRetryDelay, std::pair(a.peer, a.qpIndex));
         drop = true;
         break;
@@ -254,8 +269,8 @@ struct Mesh::Setup {
       case RDMA_CM_EVENT_CONNECT_ERROR:
       case RDMA_CM_EVENT_UNREACHABLE:
       case RDMA_CM_EVENT_DISCONNECTED:
-        log(LogLevel::Debug, "incoming connection from rank {} failed: {}; waiting for a retry", a.peer,
-            verbs::eventName(event->event));
+        log(LogLevel::Debug, "incoming connection from rank {} failed: {}; waiting for a retry",
+            a.peer, verbs::eventName(event->event));
         drop = true;
         break;
       default:
@@ -281,7 +296,8 @@ struct Mesh::Setup {
   void handle(verbs::CmEventPtr event) {
     std::vector<verbs::CmIdPtr> discard;  // destroyed after the event is acked
     if (event->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-      throw Error(ErrorKind::NoDevice, fmt::format("RDMA device {} was removed", mesh.endpoint_.device));
+      throw Error(ErrorKind::NoDevice,
+                  fmt::format("RDMA device {} was removed", mesh.endpoint_.device));
     }
     if (event->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
       onConnectRequest(event.get(), discard);
@@ -318,26 +334,30 @@ struct Mesh::Setup {
       (published ? unconnected : absent).push_back(peer);
     }
     std::string what;
-    if (!absent.empty()) what = fmt::format("rank(s) {} never arrived (no address in the store)", rankList(absent));
+    if (!absent.empty())
+      what = fmt::format("rank(s) {} never arrived (no address in the store)", rankList(absent));
     if (!unconnected.empty()) {
-      what += fmt::format("{}rank(s) {} arrived but did not connect", what.empty() ? "" : "; ", rankList(unconnected));
+      what += fmt::format("{}rank(s) {} arrived but did not connect", what.empty() ? "" : "; ",
+                          rankList(unconnected));
     }
     std::vector<int> missing = absent;
     missing.insert(missing.end(), unconnected.begin(), unconnected.end());
     throw Error(ErrorInfo{
         .kind = ErrorKind::Timeout,
-        .message = fmt::format("rank {} of {}: the group did not form within {} ms: {}", mesh.rank_, mesh.size_,
-                               deadlineSpan.count(), what),
+        .message = fmt::format("rank {} of {}: the group did not form within {} ms: {}", mesh.rank_,
+                               mesh.size_, deadlineSpan.count(), what),
         .peerRank = missing.size() == 1 ? missing.front() : -1,
-        .hint = "start every rank (WORLD_SIZE must match the number of processes), check their output "
-                "for errors, or raise RDMACC_CONNECT_TIMEOUT"});
+        .hint =
+            "start every rank (WORLD_SIZE must match the number of processes), check their output "
+            "for errors, or raise RDMACC_CONNECT_TIMEOUT"});
   }
   std::chrono::milliseconds deadlineSpan{0};
 
   void checkAbort() {
     if (!store.check({"abort"})) return;
     std::string why = toString(store.get("abort"));
-    throw Error(ErrorKind::PeerFailure, fmt::format("another rank failed while the group was forming: {}", why));
+    throw Error(ErrorKind::PeerFailure,
+                fmt::format("another rank failed while the group was forming: {}", why));
   }
 
   void run() {
@@ -364,12 +384,16 @@ struct Mesh::Setup {
 };
 
 Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions options)
-    : rank_(rank), size_(size), qpsPerPeer_(static_cast<int>(config.getInt("RDMACC_QPS_PER_PEER"))) {
+    : rank_(rank),
+      size_(size),
+      qpsPerPeer_(static_cast<int>(config.getInt("RDMACC_QPS_PER_PEER"))) {
   if (size < 1 || rank < 0 || rank >= size) {
-    throw Error(ErrorKind::InvalidArgument, fmt::format("rank {} is not in a group of size {}", rank, size),
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("rank {} is not in a group of size {}", rank, size),
                 "RANK must be in [0, WORLD_SIZE)");
   }
-  PrefixStore groupStore("rdmacc/mesh/" + options.group, std::shared_ptr<Store>(&store, [](Store*) {}));
+  PrefixStore groupStore("rdmacc/mesh/" + options.group,
+                         std::shared_ptr<Store>(&store, [](Store*) {}));
   auto connectTimeout = config.getDuration("RDMACC_CONNECT_TIMEOUT");
   groupStore.setTimeout(connectTimeout);
   auto deadline = Clock::now() + connectTimeout;
@@ -393,7 +417,8 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     pd_ = verbs::allocatePd(context_.get());
     int peers = std::max(size - 1, 1) * qpsPerPeer_;
     cq_ = std::make_unique<verbs::CompletionQueue>(
-        context_.get(), static_cast<int>(static_cast<uint32_t>(peers) * (params_.sendDepth + params_.recvDepth)));
+        context_.get(),
+        static_cast<int>(static_cast<uint32_t>(peers) * (params_.sendDepth + params_.recvDepth)));
     connections_.resize(static_cast<size_t>(size * qpsPerPeer_));
     peerAddresses_.resize(static_cast<size_t>(size));
     if (size == 1) return;
@@ -401,10 +426,12 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     events_ = std::make_unique<verbs::EventChannel>();
     listenId_ = events_->createId();
     uint16_t port = verbs::bindAndListen(listenId_.get(), endpoint_.ipv4, 4 * size + 16);
-    if (listenId_->verbs != nullptr && endpoint_.device != ibv_get_device_name(listenId_->verbs->device)) {
+    if (listenId_->verbs != nullptr &&
+        endpoint_.device != ibv_get_device_name(listenId_->verbs->device)) {
       throw Error(ErrorKind::NoDevice,
-                  fmt::format("address {} belongs to RDMA device {}, not to the selected {}", endpoint_.ipv4,
-                              ibv_get_device_name(listenId_->verbs->device), endpoint_.device),
+                  fmt::format("address {} belongs to RDMA device {}, not to the selected {}",
+                              endpoint_.ipv4, ibv_get_device_name(listenId_->verbs->device),
+                              endpoint_.device),
                   "make RDMACC_IB_HCA and RDMACC_SOCKET_IFNAME agree");
     }
 
@@ -415,7 +442,8 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     } else {
       token = std::stoull(toString(groupStore.get("token")));
     }
-    groupStore.set(fmt::format("addr/{}", rank), toBytes(fmt::format("{}:{}", endpoint_.ipv4, port)));
+    groupStore.set(fmt::format("addr/{}", rank),
+                   toBytes(fmt::format("{}:{}", endpoint_.ipv4, port)));
     log(LogLevel::Info, "rank {}/{} listening on {}:{} ({} port {}, GID {} {}, MTU {})", rank, size,
         endpoint_.ipv4, port, endpoint_.device, endpoint_.port, endpoint_.gidIndex, endpoint_.gid,
         endpoint_.activeMtu);
@@ -424,7 +452,8 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
                 .store = groupStore,
                 .token = token,
                 .deadline = deadline,
-                .addresses = std::vector<std::optional<std::pair<std::string, uint16_t>>>(static_cast<size_t>(size))};
+                .addresses = std::vector<std::optional<std::pair<std::string, uint16_t>>>(
+                    static_cast<size_t>(size))};
     setup.connectionView.assign(connections_.size(), nullptr);
     setup.deadlineSpan = connectTimeout;
     setup.run();
@@ -445,7 +474,9 @@ Mesh::~Mesh() = default;
 
 ibv_qp* Mesh::qp(int peer, int index) const {
   const auto& c = connections_.at(static_cast<size_t>(peer * qpsPerPeer_ + index));
-  if (!c) throw Error(ErrorKind::InvalidArgument, fmt::format("no queue pair {} to rank {}", index, peer));
+  if (!c)
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("no queue pair {} to rank {}", index, peer));
   return c->qp.get();
 }
 
@@ -454,6 +485,8 @@ int Mesh::pathMtu(int peer) const {
   return c ? c->pathMtu : endpoint_.activeMtu;
 }
 
-const std::string& Mesh::peerAddress(int peer) const { return peerAddresses_.at(static_cast<size_t>(peer)); }
+const std::string& Mesh::peerAddress(int peer) const {
+  return peerAddresses_.at(static_cast<size_t>(peer));
+}
 
 }  // namespace rdmacc

@@ -62,7 +62,8 @@ Fd listenTcp(const std::string& host, uint16_t port, int backlog) {
   std::string detail;
   auto ai = resolve(host, port, true, detail);
   if (!ai) {
-    throw Error(ErrorKind::Store, fmt::format("cannot resolve store address {}:{}: {}", host, port, detail),
+    throw Error(ErrorKind::Store,
+                fmt::format("cannot resolve store address {}:{}: {}", host, port, detail),
                 "check MASTER_ADDR");
   }
   int lastErr = 0;
@@ -79,10 +80,10 @@ Fd listenTcp(const std::string& host, uint16_t port, int backlog) {
     }
     lastErr = errno;
   }
-  throw errnoError(ErrorKind::Store, "bind/listen", lastErr,
-                   fmt::format("cannot listen for the store on {}:{}", host, port),
-                   lastErr == EADDRINUSE ? "another process uses this port; pick another MASTER_PORT"
-                                         : "");
+  throw errnoError(
+      ErrorKind::Store, "bind/listen", lastErr,
+      fmt::format("cannot listen for the store on {}:{}", host, port),
+      lastErr == EADDRINUSE ? "another process uses this port; pick another MASTER_PORT" : "");
 }
 
 uint16_t localPort(int fd) {

@@ -11,8 +11,12 @@
 
 namespace rdmacc {
 
-Bytes toBytes(std::string_view text) { return Bytes(text.begin(), text.end()); }
-std::string toString(const Bytes& bytes) { return std::string(bytes.begin(), bytes.end()); }
+Bytes toBytes(std::string_view text) {
+  return Bytes(text.begin(), text.end());
+}
+std::string toString(const Bytes& bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
 
 Error storeTimeout(const char* what, const std::vector<std::string>& missing,
                    std::chrono::milliseconds timeout, const std::string& where) {
@@ -34,7 +38,8 @@ int64_t counterValue(const Bytes& value, const std::string& key) {
     used = 0;
   }
   if (text.empty() || used != text.size()) {
-    throw Error(ErrorKind::Store, fmt::format("store add() on key '{}' whose value is not an integer", key));
+    throw Error(ErrorKind::Store,
+                fmt::format("store add() on key '{}' whose value is not an integer", key));
   }
   return v;
 }
@@ -104,12 +109,16 @@ bool HashStore::deleteKey(const std::string& key) {
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> store)
     : Store(store->timeout()), prefix_(std::move(prefix)), store_(std::move(store)) {}
 
-void PrefixStore::set(const std::string& k, const Bytes& value) { store_->set(key(k), value); }
+void PrefixStore::set(const std::string& k, const Bytes& value) {
+  store_->set(key(k), value);
+}
 Bytes PrefixStore::get(const std::string& k) {
   store_->wait({key(k)}, timeout());
   return store_->get(key(k));
 }
-int64_t PrefixStore::add(const std::string& k, int64_t delta) { return store_->add(key(k), delta); }
+int64_t PrefixStore::add(const std::string& k, int64_t delta) {
+  return store_->add(key(k), delta);
+}
 bool PrefixStore::check(const std::vector<std::string>& keys) {
   std::vector<std::string> full;
   for (const auto& k : keys) full.push_back(key(k));
@@ -120,6 +129,8 @@ void PrefixStore::wait(const std::vector<std::string>& keys, std::chrono::millis
   for (const auto& k : keys) full.push_back(key(k));
   store_->wait(full, timeout);
 }
-bool PrefixStore::deleteKey(const std::string& k) { return store_->deleteKey(key(k)); }
+bool PrefixStore::deleteKey(const std::string& k) {
+  return store_->deleteKey(key(k));
+}
 
 }  // namespace rdmacc

@@ -50,7 +50,8 @@ class Reader {
   bool blob(std::vector<uint8_t>& v, uint32_t limit, const char* what) {
     uint32_t len = 0;
     if (!u32(len)) return false;
-    if (len > limit) return fail(fmt::format("{} of {} bytes exceeds the limit of {}", what, len, limit));
+    if (len > limit)
+      return fail(fmt::format("{} of {} bytes exceeds the limit of {}", what, len, limit));
     if (len > n_) return fail(fmt::format("{} length {} exceeds the frame", what, len));
     v.assign(p_, p_ + len);
     p_ += len;

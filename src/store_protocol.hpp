@@ -36,8 +36,8 @@ enum class Decode { NeedMore, Ok, Malformed };
 
 struct DecodeResult {
   Decode state = Decode::NeedMore;
-  size_t consumed = 0;   // bytes of the frame when Ok
-  std::string reason;    // when Malformed
+  size_t consumed = 0;  // bytes of the frame when Ok
+  std::string reason;   // when Malformed
 };
 
 std::vector<uint8_t> encode(const Request& request);

@@ -60,7 +60,9 @@ struct TCPStoreServer::State {
   bool execute(const sp::Request& req, Client& c) {
     sp::Response resp;
     switch (req.command) {
-      case sp::Command::Set: data[req.keys[0]] = req.value; break;
+      case sp::Command::Set:
+        data[req.keys[0]] = req.value;
+        break;
       case sp::Command::Get:
         if (!ready(req)) return false;
         resp.value = data[req.keys[0]];
@@ -83,11 +85,15 @@ struct TCPStoreServer::State {
         sp::putI64(resp.value, v);
         break;
       }
-      case sp::Command::Check: resp.value.push_back(ready(req) ? 1 : 0); break;
+      case sp::Command::Check:
+        resp.value.push_back(ready(req) ? 1 : 0);
+        break;
       case sp::Command::Wait:
         if (!ready(req)) return false;
         break;
-      case sp::Command::Delete: resp.value.push_back(data.erase(req.keys[0]) > 0 ? 1 : 0); break;
+      case sp::Command::Delete:
+        resp.value.push_back(data.erase(req.keys[0]) > 0 ? 1 : 0);
+        break;
     }
     auto frame = sp::encode(resp);
     c.out.insert(c.out.end(), frame.begin(), frame.end());
@@ -206,12 +212,14 @@ struct TCPStoreServer::State {
   }
 };
 
-TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port) : state_(std::make_unique<State>()) {
+TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port)
+    : state_(std::make_unique<State>()) {
   state_->listenFd = net::listenTcp(host, port);
   net::setNonBlocking(state_->listenFd.get());
   state_->port = net::localPort(state_->listenFd.get());
   state_->wakeFd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!state_->wakeFd) throw errnoError(ErrorKind::Store, "eventfd", errno, "starting the store server");
+  if (!state_->wakeFd)
+    throw errnoError(ErrorKind::Store, "eventfd", errno, "starting the store server");
   state_->thread = std::jthread([s = state_.get()](std::stop_token st) { s->run(st); });
 }
 
@@ -223,7 +231,9 @@ TCPStoreServer::~TCPStoreServer() {
   if (state_->thread.joinable()) state_->thread.join();
 }
 
-uint16_t TCPStoreServer::port() const noexcept { return state_->port; }
+uint16_t TCPStoreServer::port() const noexcept {
+  return state_->port;
+}
 
 // ----------------------------------------------------------------- client --
 
@@ -279,7 +289,8 @@ struct TCPStore::State {
       uint32_t len = static_cast<uint32_t>(header[0]) | header[1] << 8 | header[2] << 16 |
                      static_cast<uint32_t>(header[3]) << 24;
       if (len == 0 || len > sp::kMaxFrameBytes) {
-        throw Error(ErrorKind::Protocol, fmt::format("store at {} sent a frame of {} bytes", where(), len),
+        throw Error(ErrorKind::Protocol,
+                    fmt::format("store at {} sent a frame of {} bytes", where(), len),
                     "is MASTER_PORT really an rdmacc store?");
       }
       std::vector<uint8_t> buf(4 + static_cast<size_t>(len));
@@ -290,13 +301,15 @@ struct TCPStore::State {
       }
       auto r = sp::decode(buf.data(), buf.size(), resp);
       if (r.state != sp::Decode::Ok) {
-        throw Error(ErrorKind::Protocol, fmt::format("malformed reply from the store at {}: {}", where(), r.reason));
+        throw Error(ErrorKind::Protocol,
+                    fmt::format("malformed reply from the store at {}: {}", where(), r.reason));
       }
     } catch (const Error& e) {
       fd.reset();
       if (e.kind() != ErrorKind::Store) throw;
       ErrorInfo info = e.info();
-      info.message = fmt::format("lost the connection to the store at {}: {}", where(), info.message);
+      info.message =
+          fmt::format("lost the connection to the store at {}: {}", where(), info.message);
       info.peerAddress = where();
       info.hint = "the process hosting the store (rank 0 or the launcher) may have exited";
       throw Error(std::move(info));
@@ -346,7 +359,9 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
 
 TCPStore::~TCPStore() = default;
 
-uint16_t TCPStore::port() const noexcept { return state_->port; }
+uint16_t TCPStore::port() const noexcept {
+  return state_->port;
+}
 
 void TCPStore::set(const std::string& key, const Bytes& value) {
   state_->call({.command = sp::Command::Set, .keys = {key}, .value = value}, timeout(), "set");
@@ -357,7 +372,8 @@ Bytes TCPStore::get(const std::string& key) {
 }
 
 int64_t TCPStore::add(const std::string& key, int64_t delta) {
-  auto r = state_->call({.command = sp::Command::Add, .keys = {key}, .delta = delta}, timeout(), "add");
+  auto r =
+      state_->call({.command = sp::Command::Add, .keys = {key}, .delta = delta}, timeout(), "add");
   if (r.value.size() != 8) throw Error(ErrorKind::Protocol, "store add() reply has the wrong size");
   return sp::getI64(r.value.data());
 }

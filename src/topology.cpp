@@ -25,16 +25,17 @@ std::string formatGid(const std::array<uint8_t, 16>& raw) {
 }
 
 std::string formatIpv4(uint32_t hostOrder) {
-  return fmt::format("{}.{}.{}.{}", hostOrder >> 24, (hostOrder >> 16) & 0xff, (hostOrder >> 8) & 0xff,
-                     hostOrder & 0xff);
+  return fmt::format("{}.{}.{}.{}", hostOrder >> 24, (hostOrder >> 16) & 0xff,
+                     (hostOrder >> 8) & 0xff, hostOrder & 0xff);
 }
 
 std::string describeGids(const PortInfo& port) {
   std::string out;
   for (const auto& g : port.gids) {
     if (!out.empty()) out += ", ";
-    out += fmt::format("{}: {} ({}{}{})", g.index, g.address, g.type.empty() ? "type unknown" : g.type,
-                       g.netdev.empty() ? "" : ", ", g.netdev);
+    out +=
+        fmt::format("{}: {} ({}{}{})", g.index, g.address, g.type.empty() ? "type unknown" : g.type,
+                    g.netdev.empty() ? "" : ", ", g.netdev);
   }
   return out.empty() ? "none" : out;
 }
@@ -48,9 +49,10 @@ GidChoice chooseGid(const std::string& device, const PortInfo& port, int request
       if (g.index != requestedIndex) continue;
       if (ethernet && !g.isRoceV2()) {
         throw Error(ErrorKind::NoDevice,
-                    fmt::format("RDMACC_IB_GID_INDEX={} on {} is a {} GID, not RoCE v2", requestedIndex,
-                                where(), g.type.empty() ? "typeless" : g.type),
-                    fmt::format("pick a RoCE v2 GID or unset RDMACC_IB_GID_INDEX; GIDs: {}", describeGids(port)));
+                    fmt::format("RDMACC_IB_GID_INDEX={} on {} is a {} GID, not RoCE v2",
+                                requestedIndex, where(), g.type.empty() ? "typeless" : g.type),
+                    fmt::format("pick a RoCE v2 GID or unset RDMACC_IB_GID_INDEX; GIDs: {}",
+                                describeGids(port)));
       }
       return {requestedIndex, fmt::format("RDMACC_IB_GID_INDEX={}", requestedIndex)};
     }
@@ -75,14 +77,16 @@ GidChoice chooseGid(const std::string& device, const PortInfo& port, int request
     if (firstV4 == nullptr) firstV4 = &g;
   }
   if (bindAddress) {
-    throw Error(ErrorKind::NoDevice,
-                fmt::format("{} has no RoCE v2 GID for address {}", where(), formatIpv4(*bindAddress)),
-                fmt::format("the address must belong to the port's netdev; GIDs: {}", describeGids(port)));
+    throw Error(
+        ErrorKind::NoDevice,
+        fmt::format("{} has no RoCE v2 GID for address {}", where(), formatIpv4(*bindAddress)),
+        fmt::format("the address must belong to the port's netdev; GIDs: {}", describeGids(port)));
   }
   if (firstV4 != nullptr) return {firstV4->index, "auto: first RoCE v2 IPv4-mapped GID"};
-  throw Error(ErrorKind::NoDevice, fmt::format("{} has no RoCE v2 IPv4-mapped GID", where()),
-              fmt::format("give the port's netdev an IPv4 address (ip addr add ... dev <netdev>); GIDs: {}",
-                          describeGids(port)));
+  throw Error(
+      ErrorKind::NoDevice, fmt::format("{} has no RoCE v2 IPv4-mapped GID", where()),
+      fmt::format("give the port's netdev an IPv4 address (ip addr add ... dev <netdev>); GIDs: {}",
+                  describeGids(port)));
 }
 
 std::optional<uint64_t> lockedMemoryLimit() {

@@ -24,8 +24,8 @@ constexpr uint64_t pack(WrId w) noexcept {
 }
 
 constexpr WrId unpack(uint64_t v) noexcept {
-  return WrId{static_cast<WrKind>(v >> 56), static_cast<uint8_t>(v >> 48), static_cast<uint16_t>(v >> 32),
-              static_cast<uint32_t>(v)};
+  return WrId{static_cast<WrKind>(v >> 56), static_cast<uint8_t>(v >> 48),
+              static_cast<uint16_t>(v >> 32), static_cast<uint32_t>(v)};
 }
 
 static_assert(unpack(pack(WrId{WrKind::WriteImm, 3, 65535, 0xdeadbeef})) ==

@@ -22,13 +22,16 @@ constexpr auto kPeerTimeout = std::chrono::seconds(60);
 // must stay well below the smallest send queue the config table allows.
 constexpr int kSignalEvery = 8;
 constexpr int kMinSendDepth = 16;
-static_assert(kSignalEvery * 2 <= kMinSendDepth, "unsignaled run too long for the smallest send queue");
+static_assert(kSignalEvery * 2 <= kMinSendDepth,
+              "unsignaled run too long for the smallest send queue");
 
-constexpr uint32_t kImmDone = 0x1;    // rank 0 -> 1: a bandwidth run finished
-constexpr uint32_t kImmIntact = 0x2;  // rank 1 -> 0: data verified
+constexpr uint32_t kImmDone = 0x1;     // rank 0 -> 1: a bandwidth run finished
+constexpr uint32_t kImmIntact = 0x2;   // rank 1 -> 0: data verified
 constexpr uint32_t kImmCorrupt = 0x3;  // rank 1 -> 0: data differs
 
-uint8_t patternByte(size_t i, size_t bytes) { return static_cast<uint8_t>((i * 131 + bytes * 7 + 1) & 0xff); }
+uint8_t patternByte(size_t i, size_t bytes) {
+  return static_cast<uint8_t>((i * 131 + bytes * 7 + 1) & 0xff);
+}
 
 }  // namespace
 
@@ -38,8 +41,8 @@ struct WriteBench::Impl {
   int peer;
   WriteBenchOptions options;
   std::unique_ptr<Mesh> mesh;
-  PageBuffer source;  // what this rank writes from
-  PageBuffer target;  // what the peer writes into
+  PageBuffer source;      // what this rank writes from
+  PageBuffer target;      // what the peer writes into
   verbs::MrPtr sourceMr;  // after the mesh (its PD): deregistered first
   verbs::MrPtr targetMr;
   uint64_t peerAddr = 0;
@@ -49,11 +52,11 @@ struct WriteBench::Impl {
   int txDepth = 0;
   int outstanding = 0;  // posted, not yet completed, send WRs
   std::vector<uint32_t> imms;
-  int completed = 0;  // send WRs completed since the last reset
+  int completed = 0;                                     // send WRs completed since the last reset
   std::vector<std::pair<int, Clock::time_point>> marks;  // (completed, when)
 
-  void post(const void* local, uint32_t lkey, size_t bytes, uint64_t remote, bool signaled, int covered,
-            std::optional<uint32_t> imm = std::nullopt) {
+  void post(const void* local, uint32_t lkey, size_t bytes, uint64_t remote, bool signaled,
+            int covered, std::optional<uint32_t> imm = std::nullopt) {
     verbs::WriteRequest w{.wrId = pack(WrId{.kind = imm ? WrKind::WriteImm : WrKind::Write,
                                             .peer = static_cast<uint16_t>(peer),
                                             .tag = static_cast<uint32_t>(covered)}),
@@ -66,7 +69,8 @@ struct WriteBench::Impl {
                           .signaled = signaled,
                           .inlineData = bytes > 0 && bytes <= maxInline};
     if (int rc = verbs::postWrite(qp, w); rc != 0) {
-      throw verbs::verbsError("ibv_post_send", rc, fmt::format("posting an RDMA write of {} bytes", bytes));
+      throw verbs::verbsError("ibv_post_send", rc,
+                              fmt::format("posting an RDMA write of {} bytes", bytes));
     }
     ++outstanding;
   }
@@ -124,11 +128,12 @@ struct WriteBench::Impl {
   }
 
   [[noreturn]] void peerTimeout(const char* what) {
-    throw Error(ErrorInfo{.kind = ErrorKind::Timeout,
-                          .message = fmt::format("waited {} s for {} from rank {}", kPeerTimeout.count(), what, peer),
-                          .peerRank = peer,
-                          .peerAddress = mesh->peerAddress(peer),
-                          .hint = "the peer process may have died or be stuck; see its output"});
+    throw Error(ErrorInfo{
+        .kind = ErrorKind::Timeout,
+        .message = fmt::format("waited {} s for {} from rank {}", kPeerTimeout.count(), what, peer),
+        .peerRank = peer,
+        .peerAddress = mesh->peerAddress(peer),
+        .hint = "the peer process may have died or be stuck; see its output"});
   }
 };
 
@@ -145,19 +150,24 @@ WriteBench::WriteBench(std::shared_ptr<Store> store, int rank, int size, const C
   s.rank = rank;
   s.peer = 1 - rank;
   s.options = options;
-  s.mesh = std::make_unique<Mesh>(*s.store, rank, size, config, MeshOptions{.group = options.group});
+  s.mesh =
+      std::make_unique<Mesh>(*s.store, rank, size, config, MeshOptions{.group = options.group});
   size_t bytes = std::max<size_t>(options.maxBytes, 64);
   s.source = PageBuffer(bytes);
   s.target = PageBuffer(bytes);
-  s.sourceMr = verbs::registerMemory(s.mesh->pd(), s.source.data(), bytes, verbs::kRemoteWriteAccess);
-  s.targetMr = verbs::registerMemory(s.mesh->pd(), s.target.data(), bytes, verbs::kRemoteWriteAccess);
+  s.sourceMr =
+      verbs::registerMemory(s.mesh->pd(), s.source.data(), bytes, verbs::kRemoteWriteAccess);
+  s.targetMr =
+      verbs::registerMemory(s.mesh->pd(), s.target.data(), bytes, verbs::kRemoteWriteAccess);
   s.qp = s.mesh->qp(s.peer);
   s.maxInline = verbs::maxInlineData(s.qp);
-  s.txDepth = std::clamp(options.txDepth, 1, static_cast<int>(s.mesh->qpParams().sendDepth) - kSignalEvery);
+  s.txDepth =
+      std::clamp(options.txDepth, 1, static_cast<int>(s.mesh->qpParams().sendDepth) - kSignalEvery);
 
   PrefixStore group("rdmacc/bench/" + options.group, s.store);
   group.set(fmt::format("mr/{}", rank),
-            toBytes(fmt::format("{}:{}", reinterpret_cast<uintptr_t>(s.target.data()), s.targetMr->rkey)));
+            toBytes(fmt::format("{}:{}", reinterpret_cast<uintptr_t>(s.target.data()),
+                                s.targetMr->rkey)));
   std::string peerMr = toString(group.get(fmt::format("mr/{}", s.peer)));
   auto colon = peerMr.find(':');
   s.peerAddr = std::stoull(peerMr.substr(0, colon));
@@ -168,23 +178,26 @@ WriteBench::~WriteBench() = default;
 
 std::string WriteBench::describe() const {
   const auto& ep = impl_->mesh->endpoint();
-  return fmt::format("{}:{}, GID {} ({}, {}), path MTU {}, inline <= {} B, tx depth {}", ep.device, ep.port,
-                     ep.gidIndex, ep.gid, ep.gidType, impl_->mesh->pathMtu(impl_->peer), impl_->maxInline,
-                     impl_->txDepth);
+  return fmt::format("{}:{}, GID {} ({}, {}), path MTU {}, inline <= {} B, tx depth {}", ep.device,
+                     ep.port, ep.gidIndex, ep.gid, ep.gidType, impl_->mesh->pathMtu(impl_->peer),
+                     impl_->maxInline, impl_->txDepth);
 }
 
 BandwidthResult WriteBench::bandwidth(size_t bytes, int iterations, int warmup) {
   auto& s = *impl_;
   if (bytes > s.source.size() || iterations < 1 || warmup < 0) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("bandwidth run of {} bytes x {} iterations does not fit (buffer {} bytes)", bytes,
-                            iterations, s.source.size()));
+    throw Error(
+        ErrorKind::InvalidArgument,
+        fmt::format("bandwidth run of {} bytes x {} iterations does not fit (buffer {} bytes)",
+                    bytes, iterations, s.source.size()));
   }
   BandwidthResult r{.bytes = bytes, .iterations = iterations};
   if (s.rank == 1) {
-    if (s.waitImm() != kImmDone) throw Error(ErrorKind::Protocol, "write benchmark ranks are out of step");
+    if (s.waitImm() != kImmDone)
+      throw Error(ErrorKind::Protocol, "write benchmark ranks are out of step");
     bool intact = true;
-    for (size_t i = 0; i < bytes && intact; ++i) intact = s.target.data()[i] == patternByte(i, bytes);
+    for (size_t i = 0; i < bytes && intact; ++i)
+      intact = s.target.data()[i] == patternByte(i, bytes);
     std::fill(s.target.data(), s.target.data() + bytes, 0);
     s.sendImm(intact ? kImmIntact : kImmCorrupt);
     r.dataIntact = intact;
@@ -194,7 +207,8 @@ BandwidthResult WriteBench::bandwidth(size_t bytes, int iterations, int warmup) 
   const int total = warmup + iterations;
   Clock::time_point start{};
   int posted = 0, signaledUpTo = 0;
-  auto deadline = Clock::now() + kPeerTimeout + std::chrono::seconds(static_cast<int64_t>(iterations) / 1000);
+  auto deadline =
+      Clock::now() + kPeerTimeout + std::chrono::seconds(static_cast<int64_t>(iterations) / 1000);
   while (posted < total || s.outstanding > 0) {
     while (posted < total && s.outstanding < s.txDepth) {
       if (posted == warmup) {
@@ -215,7 +229,9 @@ BandwidthResult WriteBench::bandwidth(size_t bytes, int iterations, int warmup) 
   constexpr double kMB = 1024.0 * 1024.0;  // perftest's MB
   auto rate = [&](size_t from, size_t to) {
     double sec = std::chrono::duration<double>(s.marks[to].second - s.marks[from].second).count();
-    return sec > 0 ? static_cast<double>(bytes) * (s.marks[to].first - s.marks[from].first) / sec / kMB : 0.0;
+    return sec > 0
+               ? static_cast<double>(bytes) * (s.marks[to].first - s.marks[from].first) / sec / kMB
+               : 0.0;
   };
   double seconds = std::chrono::duration<double>(s.marks.back().second - start).count();
   r.averageMBps = rate(0, s.marks.size() - 1);
@@ -236,9 +252,11 @@ BandwidthResult WriteBench::bandwidth(size_t bytes, int iterations, int warmup) 
 LatencyResult WriteBench::latency(size_t bytes, int iterations, int warmup) {
   auto& s = *impl_;
   if (bytes < 1 || bytes > s.source.size() || iterations < 1 || warmup < 0) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("latency run needs 1..{} bytes and >= 1 iteration (got {} bytes, {} iterations)",
-                            s.source.size(), bytes, iterations));
+    throw Error(
+        ErrorKind::InvalidArgument,
+        fmt::format(
+            "latency run needs 1..{} bytes and >= 1 iteration (got {} bytes, {} iterations)",
+            s.source.size(), bytes, iterations));
   }
   LatencyResult r{.bytes = bytes, .iterations = iterations};
   std::vector<double> samples;
@@ -261,7 +279,8 @@ LatencyResult WriteBench::latency(size_t bytes, int iterations, int warmup) {
     *mine = value;
     bool signaled = ++sinceSignal == kSignalEvery;
     if (signaled) sinceSignal = 0;
-    s.post(s.source.data(), s.sourceMr->lkey, bytes, s.peerAddr, signaled, signaled ? kSignalEvery : 0);
+    s.post(s.source.data(), s.sourceMr->lkey, bytes, s.peerAddr, signaled,
+           signaled ? kSignalEvery : 0);
     if (s.outstanding >= s.txDepth / 2) s.progress();
   };
   for (int i = 0; i < warmup + iterations; ++i) {
@@ -270,7 +289,8 @@ LatencyResult WriteBench::latency(size_t bytes, int iterations, int warmup) {
       auto t0 = Clock::now();
       send(value);
       wait(value);
-      if (i >= warmup) samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
+      if (i >= warmup)
+        samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
     } else {
       wait(value);
       send(value);
@@ -284,7 +304,9 @@ LatencyResult WriteBench::latency(size_t bytes, int iterations, int warmup) {
   s.marks.clear();
   if (s.rank == 1) return r;
   std::sort(samples.begin(), samples.end());
-  auto at = [&](double q) { return samples[std::min(samples.size() - 1, static_cast<size_t>(q * samples.size()))]; };
+  auto at = [&](double q) {
+    return samples[std::min(samples.size() - 1, static_cast<size_t>(q * samples.size()))];
+  };
   double sum = 0, sq = 0;
   for (double v : samples) sum += v;
   r.averageUs = sum / samples.size();

@@ -28,16 +28,18 @@ struct Args {
 };
 
 void usage(FILE* out) {
-  fmt::print(out,
-             "usage: rdmacc-perf -c write [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-             "                   [-m bw|lat|all] [-t TXDEPTH]\n"
-             "Run under a launcher with 2 ranks: rdmacc-run -n 2 -- rdmacc-perf -c write\n"
-             "  -c  what to measure: write (RDMA WRITE, point to point; compare with ib_write_bw/lat)\n"
-             "  -b  smallest size (default 2; suffixes K, M, G)      -e  largest size (default 8M)\n"
-             "  -f  size multiplication factor (default 2)           -n  iterations per size (default 1000)\n"
-             "  -w  warm-up iterations (default 50)                  -m  bw, lat or all (default all)\n"
-             "  -t  writes in flight for bandwidth (default 128, as ib_write_bw)\n"
-             "MB/sec is perftest's: 2^20 bytes per second. Latency is half the round trip, in us.\n");
+  fmt::print(
+      out,
+      "usage: rdmacc-perf -c write [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
+      "                   [-m bw|lat|all] [-t TXDEPTH]\n"
+      "Run under a launcher with 2 ranks: rdmacc-run -n 2 -- rdmacc-perf -c write\n"
+      "  -c  what to measure: write (RDMA WRITE, point to point; compare with ib_write_bw/lat)\n"
+      "  -b  smallest size (default 2; suffixes K, M, G)      -e  largest size (default 8M)\n"
+      "  -f  size multiplication factor (default 2)           -n  iterations per size (default "
+      "1000)\n"
+      "  -w  warm-up iterations (default 50)                  -m  bw, lat or all (default all)\n"
+      "  -t  writes in flight for bandwidth (default 128, as ib_write_bw)\n"
+      "MB/sec is perftest's: 2^20 bytes per second. Latency is half the round trip, in us.\n");
 }
 
 size_t parseSize(const std::string& text, const char* flag) {
@@ -45,10 +47,20 @@ size_t parseSize(const std::string& text, const char* flag) {
   std::string digits = text;
   if (!text.empty()) {
     switch (text.back()) {
-      case 'K': case 'k': mult = 1ull << 10; break;
-      case 'M': case 'm': mult = 1ull << 20; break;
-      case 'G': case 'g': mult = 1ull << 30; break;
-      default: break;
+      case 'K':
+      case 'k':
+        mult = 1ull << 10;
+        break;
+      case 'M':
+      case 'm':
+        mult = 1ull << 20;
+        break;
+      case 'G':
+      case 'g':
+        mult = 1ull << 30;
+        break;
+      default:
+        break;
     }
     if (mult != 1) digits.pop_back();
   }
@@ -65,34 +77,50 @@ Args parse(int argc, char** argv) {
       usage(stdout);
       std::exit(0);
     }
-    if (i + 1 >= argc) throw Error(ErrorKind::InvalidArgument, fmt::format("{} needs a value", k), "see rdmacc-perf --help");
+    if (i + 1 >= argc)
+      throw Error(ErrorKind::InvalidArgument, fmt::format("{} needs a value", k),
+                  "see rdmacc-perf --help");
     std::string v = argv[++i];
-    if (k == "-c") a.collective = v;
-    else if (k == "-b") a.minBytes = parseSize(v, "-b");
-    else if (k == "-e") a.maxBytes = parseSize(v, "-e");
-    else if (k == "-f") a.factor = std::stod(v);
-    else if (k == "-n") a.iterations = static_cast<int>(parseInt(v, "-n"));
-    else if (k == "-w") a.warmup = static_cast<int>(parseInt(v, "-w"));
-    else if (k == "-m") a.mode = v;
-    else if (k == "-t") a.txDepth = static_cast<int>(parseInt(v, "-t"));
-    else throw Error(ErrorKind::InvalidArgument, fmt::format("unknown option {}", k), "see rdmacc-perf --help");
+    if (k == "-c")
+      a.collective = v;
+    else if (k == "-b")
+      a.minBytes = parseSize(v, "-b");
+    else if (k == "-e")
+      a.maxBytes = parseSize(v, "-e");
+    else if (k == "-f")
+      a.factor = std::stod(v);
+    else if (k == "-n")
+      a.iterations = static_cast<int>(parseInt(v, "-n"));
+    else if (k == "-w")
+      a.warmup = static_cast<int>(parseInt(v, "-w"));
+    else if (k == "-m")
+      a.mode = v;
+    else if (k == "-t")
+      a.txDepth = static_cast<int>(parseInt(v, "-t"));
+    else
+      throw Error(ErrorKind::InvalidArgument, fmt::format("unknown option {}", k),
+                  "see rdmacc-perf --help");
   }
   if (a.collective != "write") {
-    throw Error(ErrorKind::InvalidArgument, fmt::format("-c {} is not available in this version", a.collective),
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("-c {} is not available in this version", a.collective),
                 "this version measures point-to-point RDMA writes: -c write");
   }
   if (a.mode != "bw" && a.mode != "lat" && a.mode != "all") {
     throw Error(ErrorKind::InvalidArgument, fmt::format("-m {} is not bw, lat or all", a.mode));
   }
-  if (a.minBytes < 1 || a.maxBytes < a.minBytes || a.factor <= 1 || a.iterations < 1 || a.warmup < 0 || a.txDepth < 1) {
-    throw Error(ErrorKind::InvalidArgument, "need 1 <= -b <= -e, -f > 1, -n >= 1, -w >= 0, -t >= 1");
+  if (a.minBytes < 1 || a.maxBytes < a.minBytes || a.factor <= 1 || a.iterations < 1 ||
+      a.warmup < 0 || a.txDepth < 1) {
+    throw Error(ErrorKind::InvalidArgument,
+                "need 1 <= -b <= -e, -f > 1, -n >= 1, -w >= 0, -t >= 1");
   }
   return a;
 }
 
 std::vector<size_t> sizes(const Args& a) {
   std::vector<size_t> out;
-  for (double s = static_cast<double>(a.minBytes); s <= static_cast<double>(a.maxBytes) + 0.5; s *= a.factor) {
+  for (double s = static_cast<double>(a.minBytes); s <= static_cast<double>(a.maxBytes) + 0.5;
+       s *= a.factor) {
     size_t v = static_cast<size_t>(s + 0.5);
     if (out.empty() || v != out.back()) out.push_back(v);
   }
@@ -115,15 +143,15 @@ int main(int argc, char** argv) {
     if (args.mode != "lat") {
       if (lead) {
         fmt::print("# RDMA WRITE bandwidth (ib_write_bw definitions)\n");
-        fmt::print(" {:>10} {:>12} {:>16} {:>19} {:>14} {:>6}\n", "#bytes", "#iterations", "BW peak[MB/sec]",
-                   "BW average[MB/sec]", "MsgRate[Mpps]", "data");
+        fmt::print(" {:>10} {:>12} {:>16} {:>19} {:>14} {:>6}\n", "#bytes", "#iterations",
+                   "BW peak[MB/sec]", "BW average[MB/sec]", "MsgRate[Mpps]", "data");
       }
       for (size_t s : sizes(args)) {
         auto r = bench.bandwidth(s, args.iterations, args.warmup);
         intact = intact && r.dataIntact;
         if (lead) {
-          fmt::print(" {:>10} {:>12} {:>16.2f} {:>19.2f} {:>14.6f} {:>6}\n", r.bytes, r.iterations, r.peakMBps,
-                     r.averageMBps, r.messageRateMpps, r.dataIntact ? "ok" : "BAD");
+          fmt::print(" {:>10} {:>12} {:>16.2f} {:>19.2f} {:>14.6f} {:>6}\n", r.bytes, r.iterations,
+                     r.peakMBps, r.averageMBps, r.messageRateMpps, r.dataIntact ? "ok" : "BAD");
           std::fflush(stdout);
         }
       }
@@ -131,15 +159,18 @@ int main(int argc, char** argv) {
     if (args.mode != "bw") {
       if (lead) {
         fmt::print("# RDMA WRITE latency (ib_write_lat definitions: half round trip, usec)\n");
-        fmt::print(" {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "#bytes", "#iterations",
-                   "t_min", "t_max", "t_typical", "t_avg", "t_stdev", "99%", "99.9%");
+        fmt::print(" {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "#bytes",
+                   "#iterations", "t_min", "t_max", "t_typical", "t_avg", "t_stdev", "99%",
+                   "99.9%");
       }
       for (size_t s : sizes(args)) {
         auto r = bench.latency(s, args.iterations, args.warmup);
         if (lead) {
-          fmt::print(" {:>10} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n",
-                     r.bytes, r.iterations, r.minUs, r.maxUs, r.typicalUs, r.averageUs, r.stdevUs, r.p99Us,
-                     r.p999Us);
+          fmt::print(
+              " {:>10} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} "
+              "{:>10.2f}\n",
+              r.bytes, r.iterations, r.minUs, r.maxUs, r.typicalUs, r.averageUs, r.stdevUs, r.p99Us,
+              r.p999Us);
           std::fflush(stdout);
         }
       }

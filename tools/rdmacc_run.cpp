@@ -25,17 +25,20 @@ namespace {
 using Clock = std::chrono::steady_clock;
 volatile std::sig_atomic_t gSignal = 0;
 
-void onSignal(int sig) { gSignal = sig; }
+void onSignal(int sig) {
+  gSignal = sig;
+}
 
 void usage(FILE* out) {
-  fmt::print(out,
-             "usage: rdmacc-run -n N [--timeout DURATION] [--no-prefix] -- PROGRAM [ARGS...]\n"
-             "Starts N copies of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK,\n"
-             "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun does) and a TCP store\n"
-             "hosted by the launcher (RDMACC_AGENT_STORE=1). Output lines are prefixed with [rank].\n"
-             "If a rank fails, the others get SIGTERM (SIGKILL 5 s later) and rdmacc-run exits with\n"
-             "the failing rank's status. --timeout (e.g. 300s) kills everything when it expires\n"
-             "(exit 124).\n");
+  fmt::print(
+      out,
+      "usage: rdmacc-run -n N [--timeout DURATION] [--no-prefix] -- PROGRAM [ARGS...]\n"
+      "Starts N copies of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK,\n"
+      "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun does) and a TCP store\n"
+      "hosted by the launcher (RDMACC_AGENT_STORE=1). Output lines are prefixed with [rank].\n"
+      "If a rank fails, the others get SIGTERM (SIGKILL 5 s later) and rdmacc-run exits with\n"
+      "the failing rank's status. --timeout (e.g. 300s) kills everything when it expires\n"
+      "(exit 124).\n");
 }
 
 struct Rank {
@@ -94,7 +97,9 @@ int main(int argc, char** argv) {
         usage(stdout);
         return 0;
       } else {
-        fmt::print(stderr, "rdmacc-run: unknown option '{}' (did you forget '--' before the program?)\n", a);
+        fmt::print(stderr,
+                   "rdmacc-run: unknown option '{}' (did you forget '--' before the program?)\n",
+                   a);
         usage(stderr);
         return 2;
       }
@@ -116,7 +121,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "rdmacc-run: cannot host the store: {}\n", e.what());
     return 1;
   }
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = onSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
@@ -172,8 +177,10 @@ int main(int argc, char** argv) {
       if (r.out >= 0) fds.push_back({r.out, POLLIN, 0}), who.emplace_back(&r, true);
       if (r.err >= 0) fds.push_back({r.err, POLLIN, 0}), who.emplace_back(&r, false);
     }
-    if (!fds.empty()) poll(fds.data(), fds.size(), 100);
-    else usleep(20000);
+    if (!fds.empty())
+      poll(fds.data(), fds.size(), 100);
+    else
+      usleep(20000);
     for (size_t k = 0; k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
       auto [r, isOut] = who[k];
@@ -211,14 +218,16 @@ int main(int argc, char** argv) {
       }
     }
     if (gSignal != 0 && !terminated) {
-      fmt::print(stderr, "rdmacc-run: caught signal {}; stopping all ranks\n", static_cast<int>(gSignal));
+      fmt::print(stderr, "rdmacc-run: caught signal {}; stopping all ranks\n",
+                 static_cast<int>(gSignal));
       terminateAll(SIGTERM);
       terminated = true;
       result = 128 + gSignal;
       killAt = Clock::now() + std::chrono::seconds(5);
     }
     if (timeout.count() > 0 && !terminated && Clock::now() - start > timeout) {
-      fmt::print(stderr, "rdmacc-run: timed out after {} ms; stopping all ranks\n", timeout.count());
+      fmt::print(stderr, "rdmacc-run: timed out after {} ms; stopping all ranks\n",
+                 timeout.count());
       terminateAll(SIGTERM);
       terminated = true;
       result = 124;

@@ -42,7 +42,8 @@ EventChannel::EventChannel() {
   channel_.reset(rdma_create_event_channel());
   if (!channel_) {
     throw cmError("rdma_create_event_channel", errno, "cannot open the rdma_cm event channel",
-                  "is the rdma_ucm kernel module loaded (modprobe rdma_ucm) and /dev/infiniband/rdma_cm accessible?");
+                  "is the rdma_ucm kernel module loaded (modprobe rdma_ucm) and "
+                  "/dev/infiniband/rdma_cm accessible?");
   }
   int flags = ::fcntl(channel_->fd, F_GETFL);
   if (flags < 0 || ::fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
@@ -82,19 +83,21 @@ uint16_t bindAndListen(rdma_cm_id* id, const std::string& ipv4, int backlog) {
   return ntohs(rdma_get_src_port(id));
 }
 
-void resolveAddress(rdma_cm_id* id, const std::string& srcIpv4, const std::string& dstIpv4, uint16_t dstPort,
-                    std::chrono::milliseconds timeout) {
+void resolveAddress(rdma_cm_id* id, const std::string& srcIpv4, const std::string& dstIpv4,
+                    uint16_t dstPort, std::chrono::milliseconds timeout) {
   sockaddr_in src = makeAddress(srcIpv4, 0);
   sockaddr_in dst = makeAddress(dstIpv4, dstPort);
   if (rdma_resolve_addr(id, reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&dst),
                         static_cast<int>(timeout.count())) != 0) {
-    throw cmError("rdma_resolve_addr", errno, fmt::format("cannot resolve {}:{}", dstIpv4, dstPort));
+    throw cmError("rdma_resolve_addr", errno,
+                  fmt::format("cannot resolve {}:{}", dstIpv4, dstPort));
   }
 }
 
 void resolveRoute(rdma_cm_id* id, std::chrono::milliseconds timeout) {
   if (rdma_resolve_route(id, static_cast<int>(timeout.count())) != 0) {
-    throw cmError("rdma_resolve_route", errno, fmt::format("cannot resolve the route to {}", peerAddress(id)));
+    throw cmError("rdma_resolve_route", errno,
+                  fmt::format("cannot resolve the route to {}", peerAddress(id)));
   }
 }
 
@@ -108,7 +111,8 @@ void connect(rdma_cm_id* id, const ConnectParams& params) {
 void accept(rdma_cm_id* id, const ConnectParams& params) {
   rdma_conn_param param = connParam(params);
   if (rdma_accept(id, &param) != 0) {
-    throw cmError("rdma_accept", errno, fmt::format("cannot accept a connection from {}", peerAddress(id)));
+    throw cmError("rdma_accept", errno,
+                  fmt::format("cannot accept a connection from {}", peerAddress(id)));
   }
 }
 
@@ -120,7 +124,8 @@ void reject(rdma_cm_id* id, std::span<const uint8_t> data) noexcept {
 
 void establish(rdma_cm_id* id) {
   if (rdma_establish(id) != 0) {
-    throw cmError("rdma_establish", errno, fmt::format("cannot complete the connection to {}", peerAddress(id)));
+    throw cmError("rdma_establish", errno,
+                  fmt::format("cannot complete the connection to {}", peerAddress(id)));
   }
 }
 
@@ -130,7 +135,9 @@ std::span<const uint8_t> privateData(const rdma_cm_event* event) {
   return {static_cast<const uint8_t*>(conn.private_data), conn.private_data_len};
 }
 
-std::string eventName(rdma_cm_event_type type) { return rdma_event_str(type); }
+std::string eventName(rdma_cm_event_type type) {
+  return rdma_event_str(type);
+}
 
 std::string peerAddress(const rdma_cm_id* id) {
   const sockaddr* sa = &const_cast<rdma_cm_id*>(id)->route.addr.dst_addr;

@@ -27,8 +27,8 @@ class EventChannel {
 
 // Binds to ipv4:port (port 0 = any) and returns the bound port.
 uint16_t bindAndListen(rdma_cm_id* id, const std::string& ipv4, int backlog);
-void resolveAddress(rdma_cm_id* id, const std::string& srcIpv4, const std::string& dstIpv4, uint16_t dstPort,
-                    std::chrono::milliseconds timeout);
+void resolveAddress(rdma_cm_id* id, const std::string& srcIpv4, const std::string& dstIpv4,
+                    uint16_t dstPort, std::chrono::milliseconds timeout);
 void resolveRoute(rdma_cm_id* id, std::chrono::milliseconds timeout);
 
 struct ConnectParams {

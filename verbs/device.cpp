@@ -24,12 +24,18 @@ std::string readSysfs(const std::string& path) {
 
 const char* portStateName(ibv_port_state s) {
   switch (s) {
-    case IBV_PORT_NOP: return "NOP";
-    case IBV_PORT_DOWN: return "DOWN";
-    case IBV_PORT_INIT: return "INIT";
-    case IBV_PORT_ARMED: return "ARMED";
-    case IBV_PORT_ACTIVE: return "ACTIVE";
-    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
+    case IBV_PORT_NOP:
+      return "NOP";
+    case IBV_PORT_DOWN:
+      return "DOWN";
+    case IBV_PORT_INIT:
+      return "INIT";
+    case IBV_PORT_ARMED:
+      return "ARMED";
+    case IBV_PORT_ACTIVE:
+      return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER:
+      return "ACTIVE_DEFER";
   }
   return "UNKNOWN";
 }
@@ -58,7 +64,8 @@ std::optional<uint32_t> interfaceIpv4(const std::string& ifname) {
   if (::getifaddrs(&all) != 0) return std::nullopt;
   std::optional<uint32_t> found;
   for (ifaddrs* a = all; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || ifname != a->ifa_name) continue;
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || ifname != a->ifa_name)
+      continue;
     found = ntohl(reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr);
     break;
   }
@@ -78,7 +85,8 @@ std::optional<uint32_t> ipoibAddress(const std::string& device, int port) {
     std::string dir = fmt::format("{}/{}", base, a->ifa_name);
     std::string devPort = readSysfs(dir + "/dev_port");
     if (devPort.empty()) continue;
-    if (std::stoi(devPort) + 1 == port) found = ntohl(reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr);
+    if (std::stoi(devPort) + 1 == port)
+      found = ntohl(reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr);
   }
   ::freeifaddrs(all);
   return found;
@@ -87,7 +95,8 @@ std::optional<uint32_t> ipoibAddress(const std::string& device, int port) {
 std::string listPorts(const DeviceInfo& d) {
   std::string out;
   for (const auto& p : d.ports) {
-    out += fmt::format("{}{}:{} {} ({})", out.empty() ? "" : ", ", d.name, p.port, p.state, p.linkLayer);
+    out += fmt::format("{}{}:{} {} ({})", out.empty() ? "" : ", ", d.name, p.port, p.state,
+                       p.linkLayer);
   }
   return out;
 }
@@ -103,11 +112,16 @@ std::string noDeviceHint() {
 
 int mtuBytes(ibv_mtu mtu) noexcept {
   switch (mtu) {
-    case IBV_MTU_256: return 256;
-    case IBV_MTU_512: return 512;
-    case IBV_MTU_1024: return 1024;
-    case IBV_MTU_2048: return 2048;
-    case IBV_MTU_4096: return 4096;
+    case IBV_MTU_256:
+      return 256;
+    case IBV_MTU_512:
+      return 512;
+    case IBV_MTU_1024:
+      return 1024;
+    case IBV_MTU_2048:
+      return 2048;
+    case IBV_MTU_4096:
+      return 4096;
   }
   return 0;
 }
@@ -126,20 +140,23 @@ ContextPtr openDevice(const std::string& name) {
   for (int i = 0; i < n; ++i) {
     if (name != ibv_get_device_name(list.get()[i])) continue;
     ContextPtr ctx(ibv_open_device(list.get()[i]));
-    if (!ctx) throw verbsError("ibv_open_device", errno, fmt::format("cannot open RDMA device {}", name));
+    if (!ctx)
+      throw verbsError("ibv_open_device", errno, fmt::format("cannot open RDMA device {}", name));
     return ctx;
   }
   auto names = deviceNames();
   throw Error(ErrorKind::NoDevice, fmt::format("RDMA device '{}' not found", name),
-              names.empty() ? noDeviceHint()
-                            : fmt::format("devices here: {}; fix RDMACC_IB_HCA", fmt::join(names, ", ")));
+              names.empty()
+                  ? noDeviceHint()
+                  : fmt::format("devices here: {}; fix RDMACC_IB_HCA", fmt::join(names, ", ")));
 }
 
 PortInfo queryPort(ibv_context* context, int port) {
   ibv_port_attr attr{};
   if (int rc = ibv_query_port(context, static_cast<uint8_t>(port), &attr); rc != 0) {
-    throw verbsError("ibv_query_port", rc,
-                     fmt::format("cannot query port {} of {}", port, ibv_get_device_name(context->device)));
+    throw verbsError(
+        "ibv_query_port", rc,
+        fmt::format("cannot query port {} of {}", port, ibv_get_device_name(context->device)));
   }
   PortInfo info;
   info.port = port;
@@ -191,7 +208,8 @@ std::vector<DeviceInfo> listDevices() {
       d.maxQpWr = attr.max_qp_wr;
       d.maxCqe = attr.max_cqe;
       d.maxMrSize = attr.max_mr_size;
-      for (int p = 1; p <= attr.phys_port_cnt; ++p) d.ports.push_back(verbs::queryPort(ctx.get(), p));
+      for (int p = 1; p <= attr.phys_port_cnt; ++p)
+        d.ports.push_back(verbs::queryPort(ctx.get(), p));
     }
     out.push_back(std::move(d));
   }
@@ -219,7 +237,8 @@ Endpoint selectEndpoint(const Config& config) {
         wantPort = -1;
       }
       if (wantPort < 1) {
-        throw Error(ErrorKind::InvalidArgument, fmt::format("RDMACC_IB_HCA='{}' has a bad port", hca),
+        throw Error(ErrorKind::InvalidArgument,
+                    fmt::format("RDMACC_IB_HCA='{}' has a bad port", hca),
                     "write it as device[:port] with port >= 1, e.g. mlx5_0:1");
       }
     }
@@ -230,7 +249,8 @@ Endpoint selectEndpoint(const Config& config) {
       exists = exists || d.name == wantDevice;
     }
     if (!exists) {
-      throw Error(ErrorKind::NoDevice, fmt::format("RDMACC_IB_HCA names device '{}', which does not exist", wantDevice),
+      throw Error(ErrorKind::NoDevice,
+                  fmt::format("RDMACC_IB_HCA names device '{}', which does not exist", wantDevice),
                   fmt::format("devices here: {}", fmt::join(names, ", ")));
     }
   }
@@ -238,9 +258,10 @@ Endpoint selectEndpoint(const Config& config) {
   if (!ifname.empty()) {
     ifAddress = verbs::interfaceIpv4(ifname);
     if (!ifAddress) {
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("RDMACC_SOCKET_IFNAME={} has no IPv4 address (or does not exist)", ifname),
-                  "name an interface listed by `ip -4 addr` that carries the RDMA traffic");
+      throw Error(
+          ErrorKind::InvalidArgument,
+          fmt::format("RDMACC_SOCKET_IFNAME={} has no IPv4 address (or does not exist)", ifname),
+          "name an interface listed by `ip -4 addr` that carries the RDMA traffic");
     }
   }
 
@@ -287,18 +308,20 @@ Endpoint selectEndpoint(const Config& config) {
       ep.gid = entry ? entry->address : "";
       ep.gidType = entry ? entry->type : "";
       ep.activeMtu = p.activeMtu;
-      ep.reason = fmt::format("{}; {}", hca.empty() ? "first active port" : "RDMACC_IB_HCA=" + hca, gid.reason);
+      ep.reason = fmt::format("{}; {}", hca.empty() ? "first active port" : "RDMACC_IB_HCA=" + hca,
+                              gid.reason);
       return ep;
     }
     if (wantPort > 0 && rejected.empty()) {
-      throw Error(ErrorKind::NoDevice, fmt::format("RDMACC_IB_HCA={}: port {} does not exist", hca, wantPort),
+      throw Error(ErrorKind::NoDevice,
+                  fmt::format("RDMACC_IB_HCA={}: port {} does not exist", hca, wantPort),
                   fmt::format("ports: {}", verbs::listPorts(d)));
     }
   }
-  throw Error(ErrorKind::NoDevice,
-              fmt::format("no usable RDMA port: {}", fmt::join(rejected, "; ")),
-              "bring a port up (`rdma link`, `ibv_devinfo`), give its netdev an IPv4 address, or pick "
-              "another with RDMACC_IB_HCA=device:port");
+  throw Error(
+      ErrorKind::NoDevice, fmt::format("no usable RDMA port: {}", fmt::join(rejected, "; ")),
+      "bring a port up (`rdma link`, `ibv_devinfo`), give its netdev an IPv4 address, or pick "
+      "another with RDMACC_IB_HCA=device:port");
 }
 
 }  // namespace rdmacc

@@ -44,14 +44,18 @@ inline constexpr char kDestroyCompChannel[] = "ibv_destroy_comp_channel";
 inline constexpr char kDestroyQp[] = "ibv_destroy_qp";
 inline constexpr char kDestroyId[] = "rdma_destroy_id";
 
-using ContextPtr = std::unique_ptr<ibv_context, Deleter<ibv_context, ibv_close_device, kCloseDevice>>;
+using ContextPtr =
+    std::unique_ptr<ibv_context, Deleter<ibv_context, ibv_close_device, kCloseDevice>>;
 using PdPtr = std::unique_ptr<ibv_pd, Deleter<ibv_pd, ibv_dealloc_pd, kDeallocPd>>;
 using MrPtr = std::unique_ptr<ibv_mr, Deleter<ibv_mr, ibv_dereg_mr, kDeregMr>>;
 using CqPtr = std::unique_ptr<ibv_cq, Deleter<ibv_cq, ibv_destroy_cq, kDestroyCq>>;
-using CompChannelPtr = std::unique_ptr<ibv_comp_channel,
-                                       Deleter<ibv_comp_channel, ibv_destroy_comp_channel, kDestroyCompChannel>>;
+using CompChannelPtr =
+    std::unique_ptr<ibv_comp_channel,
+                    Deleter<ibv_comp_channel, ibv_destroy_comp_channel, kDestroyCompChannel>>;
 using QpPtr = std::unique_ptr<ibv_qp, Deleter<ibv_qp, ibv_destroy_qp, kDestroyQp>>;
-using EventChannelPtr = std::unique_ptr<rdma_event_channel, VoidDeleter<rdma_event_channel, rdma_destroy_event_channel>>;
+using EventChannelPtr =
+    std::unique_ptr<rdma_event_channel,
+                    VoidDeleter<rdma_event_channel, rdma_destroy_event_channel>>;
 using CmIdPtr = std::unique_ptr<rdma_cm_id, Deleter<rdma_cm_id, rdma_destroy_id, kDestroyId>>;
 using DeviceListPtr = std::unique_ptr<ibv_device*, VoidDeleter<ibv_device*, ibv_free_device_list>>;
 

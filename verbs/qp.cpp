@@ -15,10 +15,12 @@ namespace rdmacc::verbs {
 
 CompletionQueue::CompletionQueue(ibv_context* context, int entries) {
   channel_.reset(ibv_create_comp_channel(context));
-  if (!channel_) throw verbsError("ibv_create_comp_channel", errno, "cannot create a completion channel");
+  if (!channel_)
+    throw verbsError("ibv_create_comp_channel", errno, "cannot create a completion channel");
   cq_.reset(ibv_create_cq(context, entries, nullptr, channel_.get(), 0));
   if (!cq_) {
-    throw verbsError("ibv_create_cq", errno, fmt::format("cannot create a completion queue of {} entries", entries));
+    throw verbsError("ibv_create_cq", errno,
+                     fmt::format("cannot create a completion queue of {} entries", entries));
   }
 }
 
@@ -90,41 +92,51 @@ void modify(ibv_qp* qp, rdma_cm_id* id, ibv_qp_state state,
   int mask = 0;
   attr.qp_state = state;
   if (rdma_init_qp_attr(id, &attr, &mask) != 0) {
-    throw cmError("rdma_init_qp_attr", errno, fmt::format("cannot compute the {} attributes of a queue pair", name));
+    throw cmError("rdma_init_qp_attr", errno,
+                  fmt::format("cannot compute the {} attributes of a queue pair", name));
   }
   adjust(attr, mask);
   if (int rc = ibv_modify_qp(qp, &attr, mask); rc != 0) {
-    throw verbsError("ibv_modify_qp", rc, fmt::format("cannot move a queue pair to {}", name),
-                     state == IBV_QPS_RTR ? "check RDMACC_IB_GID_INDEX (RoCE v2 GID) and RDMACC_IB_MTU" : "");
+    throw verbsError(
+        "ibv_modify_qp", rc, fmt::format("cannot move a queue pair to {}", name),
+        state == IBV_QPS_RTR ? "check RDMACC_IB_GID_INDEX (RoCE v2 GID) and RDMACC_IB_MTU" : "");
   }
 }
 
 }  // namespace
 
 void moveToInit(ibv_qp* qp, rdma_cm_id* id) {
-  modify(qp, id, IBV_QPS_INIT, [](ibv_qp_attr& a, int&) { a.qp_access_flags = kRemoteWriteAccess; }, "INIT");
+  modify(
+      qp, id, IBV_QPS_INIT, [](ibv_qp_attr& a, int&) { a.qp_access_flags = kRemoteWriteAccess; },
+      "INIT");
 }
 
 void moveToRtr(ibv_qp* qp, rdma_cm_id* id, const QpParams& p) {
-  modify(qp, id, IBV_QPS_RTR, [&](ibv_qp_attr& a, int& mask) {
-    a.path_mtu = p.pathMtu;
-    a.min_rnr_timer = p.minRnrTimer;
-    mask |= IBV_QP_PATH_MTU | IBV_QP_MIN_RNR_TIMER;
-    if (a.ah_attr.is_global) {
-      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(p.gidIndex);
-      a.ah_attr.grh.traffic_class = p.trafficClass;
-    }
-    a.ah_attr.sl = p.serviceLevel;
-  }, "RTR");
+  modify(
+      qp, id, IBV_QPS_RTR,
+      [&](ibv_qp_attr& a, int& mask) {
+        a.path_mtu = p.pathMtu;
+        a.min_rnr_timer = p.minRnrTimer;
+        mask |= IBV_QP_PATH_MTU | IBV_QP_MIN_RNR_TIMER;
+        if (a.ah_attr.is_global) {
+          a.ah_attr.grh.sgid_index = static_cast<uint8_t>(p.gidIndex);
+          a.ah_attr.grh.traffic_class = p.trafficClass;
+        }
+        a.ah_attr.sl = p.serviceLevel;
+      },
+      "RTR");
 }
 
 void moveToRts(ibv_qp* qp, rdma_cm_id* id, const QpParams& p) {
-  modify(qp, id, IBV_QPS_RTS, [&](ibv_qp_attr& a, int& mask) {
-    a.timeout = p.ackTimeout;
-    a.retry_cnt = p.retryCount;
-    a.rnr_retry = p.rnrRetry;
-    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
-  }, "RTS");
+  modify(
+      qp, id, IBV_QPS_RTS,
+      [&](ibv_qp_attr& a, int& mask) {
+        a.timeout = p.ackTimeout;
+        a.retry_cnt = p.retryCount;
+        a.rnr_retry = p.rnrRetry;
+        mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+      },
+      "RTS");
 }
 
 int postWrite(ibv_qp* qp, const WriteRequest& r) {

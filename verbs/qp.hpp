@@ -15,7 +15,7 @@ namespace rdmacc::verbs {
 
 // QP attributes that come from the config table, never from literals.
 struct QpParams {
-  uint8_t ackTimeout = 14;     // 4.096 us * 2^n
+  uint8_t ackTimeout = 14;  // 4.096 us * 2^n
   uint8_t retryCount = 7;
   uint8_t rnrRetry = 7;
   uint8_t minRnrTimer = 12;
@@ -50,7 +50,8 @@ class CompletionQueue {
 PdPtr allocatePd(ibv_context* context);
 // Throws Error(Registration) naming the locked-memory limit on failure.
 MrPtr registerMemory(ibv_pd* pd, void* addr, size_t length, int access);
-constexpr int kRemoteWriteAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+constexpr int kRemoteWriteAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 // An RC QP on pd whose send and receive completions go to cq.
 QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params);

@@ -20,7 +20,7 @@ struct BandwidthResult {
   double peakMBps = 0;     // best window of 1/16 of the iterations
   double averageMBps = 0;  // bytes * iterations / total time
   double messageRateMpps = 0;
-  bool dataIntact = false; // rank 1 verified the pattern
+  bool dataIntact = false;  // rank 1 verified the pattern
 };
 
 // ib_write_lat: ping-pong of writes, each side polling memory; half round trip.

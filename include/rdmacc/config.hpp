@@ -16,7 +16,7 @@ enum class OptionType { Bool, Int, String, Duration };
 const char* toString(OptionType type) noexcept;
 
 struct OptionSpec {
-  std::string_view name;          // RDMACC_*
+  std::string_view name;  // RDMACC_*
   OptionType type;
   std::string_view defaultValue;  // as it would be written in the environment
   std::string_view unit;          // "" when unitless

@@ -18,7 +18,9 @@ const char* toString(LogLevel level) noexcept;
 // Thread-safe. The level starts at RDMACC_LOG_LEVEL (default warn).
 void setLogLevel(LogLevel level) noexcept;
 LogLevel logLevel() noexcept;
-inline bool logEnabled(LogLevel level) noexcept { return level >= logLevel(); }
+inline bool logEnabled(LogLevel level) noexcept {
+  return level >= logLevel();
+}
 
 // Prefix printed on every line, e.g. "rank 3". Thread-safe.
 void setLogPrefix(std::string prefix);

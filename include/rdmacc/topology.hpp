@@ -27,10 +27,10 @@ struct GidEntry {
 struct PortInfo {
   int port = 1;
   bool active = false;
-  std::string state;        // "ACTIVE", "DOWN", ...
-  std::string linkLayer;    // "Ethernet" (RoCE) or "InfiniBand"
-  int activeMtu = 0;        // bytes
-  int maxMtu = 0;           // bytes
+  std::string state;      // "ACTIVE", "DOWN", ...
+  std::string linkLayer;  // "Ethernet" (RoCE) or "InfiniBand"
+  int activeMtu = 0;      // bytes
+  int maxMtu = 0;         // bytes
   std::vector<GidEntry> gids;
 };
 
@@ -51,9 +51,9 @@ std::vector<DeviceInfo> listDevices();
 struct Endpoint {
   std::string device;
   int port = 1;
-  std::string ipv4;    // address rdma_cm binds to
+  std::string ipv4;  // address rdma_cm binds to
   int gidIndex = 0;
-  std::string gid;     // text form of the chosen GID
+  std::string gid;  // text form of the chosen GID
   std::string gidType;
   int activeMtu = 0;   // bytes, this port's
   std::string reason;  // how the choice was made, for rdmacc-info and logs

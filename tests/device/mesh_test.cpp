@@ -36,8 +36,9 @@ std::optional<GroupEnvironment> gGroup;
 constexpr size_t kSlotBytes = 4099;  // odd on purpose: no alignment luck
 
 uint8_t pattern(int src, int dst, int qp, size_t i) {
-  return static_cast<uint8_t>((i * 31 + static_cast<size_t>(src) * 7 + static_cast<size_t>(dst) * 13 +
-                               static_cast<size_t>(qp) * 101 + 5) & 0xff);
+  return static_cast<uint8_t>((i * 31 + static_cast<size_t>(src) * 7 +
+                               static_cast<size_t>(dst) * 13 + static_cast<size_t>(qp) * 101 + 5) &
+                              0xff);
 }
 
 void storeBarrier(Store& store, const std::string& name, int size) {
@@ -56,10 +57,13 @@ void exchangeAllPairs(Mesh& mesh, Store& store, const std::string& tag) {
   const int rank = mesh.rank(), size = mesh.size(), qps = mesh.qpsPerPeer();
   const size_t slots = static_cast<size_t>(size * qps);
   PageBuffer source(slots * kSlotBytes), target(slots * kSlotBytes);
-  auto sourceMr = verbs::registerMemory(mesh.pd(), source.data(), source.size(), verbs::kRemoteWriteAccess);
-  auto targetMr = verbs::registerMemory(mesh.pd(), target.data(), target.size(), verbs::kRemoteWriteAccess);
-  store.set(fmt::format("{}/mr/{}", tag, rank),
-            toBytes(fmt::format("{}:{}", reinterpret_cast<uintptr_t>(target.data()), targetMr->rkey)));
+  auto sourceMr =
+      verbs::registerMemory(mesh.pd(), source.data(), source.size(), verbs::kRemoteWriteAccess);
+  auto targetMr =
+      verbs::registerMemory(mesh.pd(), target.data(), target.size(), verbs::kRemoteWriteAccess);
+  store.set(
+      fmt::format("{}/mr/{}", tag, rank),
+      toBytes(fmt::format("{}:{}", reinterpret_cast<uintptr_t>(target.data()), targetMr->rkey)));
 
   int posted = 0;
   for (int peer = 0; peer < size; ++peer) {
@@ -71,7 +75,8 @@ void exchangeAllPairs(Mesh& mesh, Store& store, const std::string& tag) {
       size_t slot = static_cast<size_t>(rank * qps + q);
       uint8_t* src = source.data() + static_cast<size_t>(peer * qps + q) * kSlotBytes;
       for (size_t i = 0; i < kSlotBytes; ++i) src[i] = pattern(rank, peer, q, i);
-      verbs::WriteRequest w{.wrId = pack(WrId{WrKind::WriteImm, static_cast<uint8_t>(q), static_cast<uint16_t>(peer), 0}),
+      verbs::WriteRequest w{.wrId = pack(WrId{WrKind::WriteImm, static_cast<uint8_t>(q),
+                                              static_cast<uint16_t>(peer), 0}),
                             .local = src,
                             .lkey = sourceMr->lkey,
                             .length = static_cast<uint32_t>(kSlotBytes),
@@ -92,7 +97,8 @@ void exchangeAllPairs(Mesh& mesh, Store& store, const std::string& tag) {
     for (int i = 0; i < n; ++i) {
       const ibv_wc& wc = wcs[static_cast<size_t>(i)];
       WrId id = unpack(wc.wr_id);
-      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << verbs::completionError(wc, id.peer, "", "test write").what();
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS)
+          << verbs::completionError(wc, id.peer, "", "test write").what();
       if (id.kind == WrKind::Recv) {
         ASSERT_EQ(wc.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
         uint32_t imm = ntohl(wc.imm_data);
@@ -102,17 +108,19 @@ void exchangeAllPairs(Mesh& mesh, Store& store, const std::string& tag) {
         ++sends;
       }
     }
-    ASSERT_LT(Clock::now(), deadline) << fmt::format("rank {}: {} of {} sends, {} of {} immediates", rank, sends,
-                                                     posted, imms.size(), expected);
+    ASSERT_LT(Clock::now(), deadline) << fmt::format("rank {}: {} of {} sends, {} of {} immediates",
+                                                     rank, sends, posted, imms.size(), expected);
   }
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     for (int q = 0; q < qps; ++q) {
-      EXPECT_TRUE(imms.contains(static_cast<uint32_t>(peer << 8 | q))) << "no immediate from " << peer << "/" << q;
+      EXPECT_TRUE(imms.contains(static_cast<uint32_t>(peer << 8 | q)))
+          << "no immediate from " << peer << "/" << q;
       const uint8_t* got = target.data() + static_cast<size_t>(peer * qps + q) * kSlotBytes;
       size_t bad = 0;
       for (size_t i = 0; i < kSlotBytes; ++i) bad += got[i] != pattern(peer, rank, q, i);
-      EXPECT_EQ(bad, 0u) << "rank " << rank << ": bytes from rank " << peer << " qp " << q << " corrupted";
+      EXPECT_EQ(bad, 0u) << "rank " << rank << ": bytes from rank " << peer << " qp " << q
+                         << " corrupted";
     }
   }
   // Nobody tears down QPs while a peer may still be writing.
@@ -132,7 +140,8 @@ void expectRoceV2Ipv4Gid(const Mesh& mesh) {
     if (peer == mesh.rank()) continue;
     ibv_qp_attr attr{};
     ibv_qp_init_attr init{};
-    ASSERT_EQ(ibv_query_qp(mesh.qp(peer), &attr, IBV_QP_AV | IBV_QP_STATE | IBV_QP_PATH_MTU, &init), 0);
+    ASSERT_EQ(ibv_query_qp(mesh.qp(peer), &attr, IBV_QP_AV | IBV_QP_STATE | IBV_QP_PATH_MTU, &init),
+              0);
     EXPECT_EQ(attr.qp_state, IBV_QPS_RTS);
     EXPECT_EQ(attr.ah_attr.grh.sgid_index, ep.gidIndex);
   }
@@ -265,7 +274,8 @@ TEST(InProcess, RegistrationOfUnmappedMemoryFailsClearly) {
   Mesh mesh(store, 0, 1, quickConfig(), MeshOptions{.group = "memlock"});
   try {
     // Not mapped memory: registration must fail and say why.
-    verbs::registerMemory(mesh.pd(), reinterpret_cast<void*>(4096), 4096, verbs::kRemoteWriteAccess);
+    verbs::registerMemory(mesh.pd(), reinterpret_cast<void*>(4096), 4096,
+                          verbs::kRemoteWriteAccess);
     ADD_FAILURE() << "registered unmapped memory";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Registration);

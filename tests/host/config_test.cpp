@@ -28,9 +28,11 @@ TEST(Config, ExplicitBeatsEnvironmentBeatsDefault) {
 }
 
 TEST(Config, UnknownVariableWarnsWithSuggestion) {
-  Config c = Config::load({}, {"RDMACC_IB_GID_INDX=3", "RDMACC_TEST_ANYTHING=1", "RDMACC_ZZZZZZZZZZZZZZ=1"});
+  Config c = Config::load(
+      {}, {"RDMACC_IB_GID_INDX=3", "RDMACC_TEST_ANYTHING=1", "RDMACC_ZZZZZZZZZZZZZZ=1"});
   ASSERT_EQ(c.warnings().size(), 2u);
-  EXPECT_NE(c.warnings()[0].find("did you mean RDMACC_IB_GID_INDEX"), std::string::npos) << c.warnings()[0];
+  EXPECT_NE(c.warnings()[0].find("did you mean RDMACC_IB_GID_INDEX"), std::string::npos)
+      << c.warnings()[0];
   EXPECT_NE(c.warnings()[1].find("RDMACC_ZZZZZZZZZZZZZZ"), std::string::npos);
   EXPECT_EQ(c.getInt("RDMACC_IB_GID_INDEX"), -1);
 }

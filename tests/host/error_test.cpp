@@ -23,16 +23,20 @@ TEST(Error, FormatsCallStatusPeerAndHint) {
                     .peerAddress = "192.168.77.1:4242",
                     .hint = "the peer died"});
   std::string w = e.what();
-  EXPECT_EQ(w,
-            "rdmacc: work completion error: an RDMA write completed with an error [ibv_poll_cq failed: "
-            "transport retry counter exceeded (12)] [peer rank 3 at 192.168.77.1:4242] — hint: the peer died");
+  EXPECT_EQ(
+      w,
+      "rdmacc: work completion error: an RDMA write completed with an error [ibv_poll_cq failed: "
+      "transport retry counter exceeded (12)] [peer rank 3 at 192.168.77.1:4242] — hint: the peer "
+      "died");
   EXPECT_EQ(e.peerRank(), 3);
   EXPECT_EQ(e.kind(), ErrorKind::Completion);
 }
 
 TEST(Error, ErrnoErrorUsesStrerror) {
-  Error e = errnoError(ErrorKind::Registration, "ibv_reg_mr", ENOMEM, "cannot register 1 MiB", "raise ulimit -l");
-  EXPECT_NE(std::string(e.what()).find("ibv_reg_mr failed: Cannot allocate memory (12)"), std::string::npos)
+  Error e = errnoError(ErrorKind::Registration, "ibv_reg_mr", ENOMEM, "cannot register 1 MiB",
+                       "raise ulimit -l");
+  EXPECT_NE(std::string(e.what()).find("ibv_reg_mr failed: Cannot allocate memory (12)"),
+            std::string::npos)
       << e.what();
   EXPECT_NE(std::string(e.what()).find("raise ulimit -l"), std::string::npos);
 }
@@ -47,14 +51,16 @@ TEST(Error, RegistrationHintNamesTheLockedMemoryLimit) {
   ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &saved), 0);
   rlimit low = saved;
   low.rlim_cur = 64 * 1024;
-  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < low.rlim_cur) low.rlim_cur = saved.rlim_max;
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < low.rlim_cur)
+    low.rlim_cur = saved.rlim_max;
   ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &low), 0);
   Error e = verbs::registrationError(ENOMEM, 1 << 20);
   setrlimit(RLIMIT_MEMLOCK, &saved);
   std::string w = e.what();
   EXPECT_EQ(e.kind(), ErrorKind::Registration);
   EXPECT_NE(w.find("cannot register 1048576 bytes"), std::string::npos) << w;
-  EXPECT_NE(w.find(fmt::format("locked-memory limit is {} KiB (ulimit -l)", low.rlim_cur / 1024)), std::string::npos)
+  EXPECT_NE(w.find(fmt::format("locked-memory limit is {} KiB (ulimit -l)", low.rlim_cur / 1024)),
+            std::string::npos)
       << w;
   EXPECT_NE(w.find("unlimited"), std::string::npos) << w;
 }
@@ -70,7 +76,8 @@ TEST(Error, CompletionErrorsNameStatusPeerAndHint) {
   EXPECT_NE(w.find("peer rank 5 at 192.168.77.1:1234"), std::string::npos) << w;
   EXPECT_NE(w.find("GID index"), std::string::npos) << w;
   wc.status = IBV_WC_REM_ACCESS_ERR;
-  EXPECT_NE(std::string(verbs::completionError(wc, 1, "", "x").what()).find("remote key"), std::string::npos);
+  EXPECT_NE(std::string(verbs::completionError(wc, 1, "", "x").what()).find("remote key"),
+            std::string::npos);
 }
 
 TEST(WrId, PacksEveryFieldWithoutLoss) {

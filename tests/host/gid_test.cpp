@@ -20,7 +20,9 @@ std::array<uint8_t, 16> v4(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
   return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d};
 }
 
-std::array<uint8_t, 16> linkLocal() { return {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0xff, 0, 0xff, 0xfe, 0, 0x77, 1}; }
+std::array<uint8_t, 16> linkLocal() {
+  return {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0xff, 0, 0xff, 0xfe, 0, 0x77, 1};
+}
 
 // A mlx5-like RoCE table: v1 and v2 for link-local, then v1 and v2 for two IPv4 addresses.
 PortInfo roceTable() {
@@ -28,14 +30,15 @@ PortInfo roceTable() {
   p.port = 1;
   p.active = true;
   p.linkLayer = "Ethernet";
-  p.gids = {gid(0, linkLocal(), "IB/RoCE v1"),   gid(1, linkLocal(), "RoCE v2"),
+  p.gids = {gid(0, linkLocal(), "IB/RoCE v1"),     gid(1, linkLocal(), "RoCE v2"),
             gid(2, v4(10, 0, 0, 1), "IB/RoCE v1"), gid(3, v4(10, 0, 0, 1), "RoCE v2"),
             gid(4, v4(10, 0, 1, 1), "IB/RoCE v1"), gid(5, v4(10, 0, 1, 1), "RoCE v2")};
   return p;
 }
 
 uint32_t ip(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
-  return static_cast<uint32_t>(a) << 24 | static_cast<uint32_t>(b) << 16 | static_cast<uint32_t>(c) << 8 | d;
+  return static_cast<uint32_t>(a) << 24 | static_cast<uint32_t>(b) << 16 |
+         static_cast<uint32_t>(c) << 8 | d;
 }
 
 TEST(Gid, AutoPicksRoceV2Ipv4MatchingTheBoundAddress) {
@@ -72,7 +75,8 @@ TEST(Gid, ExplicitIndexMustExistAndBeRoceV2) {
     chooseGid("mlx5_0", roceTable(), 9, std::nullopt);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("RDMACC_IB_GID_INDEX=9 does not exist on mlx5_0 port 1"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("RDMACC_IB_GID_INDEX=9 does not exist on mlx5_0 port 1"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -83,7 +87,9 @@ TEST(Gid, AddressNotOnPortIsAnErrorListingGids) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::NoDevice);
-    EXPECT_NE(std::string(e.what()).find("no RoCE v2 GID for address 172.16.0.1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no RoCE v2 GID for address 172.16.0.1"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -6,12 +6,20 @@ namespace rdmacc::handshake {
 namespace {
 
 Hello sample() {
-  return Hello{.qpIndex = 1, .rank = 5, .targetRank = 2, .worldSize = 8, .token = 0x0123456789abcdefull,
+  return Hello{.qpIndex = 1,
+               .rank = 5,
+               .targetRank = 2,
+               .worldSize = 8,
+               .token = 0x0123456789abcdefull,
                .activeMtu = 4096};
 }
 
 Expectation expectation() {
-  return Expectation{.myRank = 2, .worldSize = 8, .token = 0x0123456789abcdefull, .qpsPerPeer = 2, .minPeer = 3,
+  return Expectation{.myRank = 2,
+                     .worldSize = 8,
+                     .token = 0x0123456789abcdefull,
+                     .qpsPerPeer = 2,
+                     .minPeer = 3,
                      .maxPeer = 7};
 }
 
@@ -47,14 +55,16 @@ TEST(Handshake, ValidationNamesEachProblem) {
   EXPECT_EQ(with([](Hello& h) { h.version = 99; }), RejectReason::BadVersion);
   EXPECT_EQ(with([](Hello& h) { h.worldSize = 4; }), RejectReason::WorldSizeMismatch);
   EXPECT_EQ(with([](Hello& h) { h.targetRank = 3; }), RejectReason::WrongTarget);
-  EXPECT_EQ(with([](Hello& h) { h.rank = 1; }), RejectReason::BadRank);  // lower ranks are connected to, not from
+  EXPECT_EQ(with([](Hello& h) { h.rank = 1; }),
+            RejectReason::BadRank);  // lower ranks are connected to, not from
   EXPECT_EQ(with([](Hello& h) { h.rank = 8; }), RejectReason::BadRank);
   EXPECT_EQ(with([](Hello& h) { h.rank = 2; }), RejectReason::BadRank);
   EXPECT_EQ(with([](Hello& h) { h.qpIndex = 2; }), RejectReason::BadQpIndex);
 }
 
 TEST(Handshake, RejectRoundTrips) {
-  for (auto r : {RejectReason::Malformed, RejectReason::BadToken, RejectReason::Duplicate, RejectReason::BadQpIndex}) {
+  for (auto r : {RejectReason::Malformed, RejectReason::BadToken, RejectReason::Duplicate,
+                 RejectReason::BadQpIndex}) {
     auto bytes = encodeReject(r);
     EXPECT_EQ(decodeReject(bytes), r);
     EXPECT_STRNE(toString(r), "unknown reason");

@@ -29,7 +29,9 @@ struct StoreFactory {
   std::function<std::pair<std::shared_ptr<Store>, std::function<std::shared_ptr<Store>()>>()> make;
 };
 
-void PrintTo(const StoreFactory& f, std::ostream* os) { *os << f.name; }
+void PrintTo(const StoreFactory& f, std::ostream* os) {
+  *os << f.name;
+}
 
 std::string tempPath() {
   static std::atomic<int> n{0};
@@ -43,7 +45,8 @@ std::vector<StoreFactory> factories() {
       {"Hash",
        [] {
          auto s = std::make_shared<HashStore>(2s);
-         return std::pair<std::shared_ptr<Store>, std::function<std::shared_ptr<Store>()>>(s, [s] { return s; });
+         return std::pair<std::shared_ptr<Store>, std::function<std::shared_ptr<Store>()>>(
+             s, [s] { return s; });
        }},
       {"File",
        [] {
@@ -55,11 +58,13 @@ std::vector<StoreFactory> factories() {
        }},
       {"TCP",
        [] {
-         auto s = std::make_shared<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.isServer = true, .timeout = 2s});
+         auto s = std::make_shared<TCPStore>("127.0.0.1", 0,
+                                             TCPStoreOptions{.isServer = true, .timeout = 2s});
          uint16_t port = s->port();
-         return std::pair<std::shared_ptr<Store>, std::function<std::shared_ptr<Store>()>>(s, [port] {
-           return std::make_shared<TCPStore>("127.0.0.1", port, TCPStoreOptions{.timeout = 2s});
-         });
+         return std::pair<std::shared_ptr<Store>, std::function<std::shared_ptr<Store>()>>(
+             s, [port] {
+               return std::make_shared<TCPStore>("127.0.0.1", port, TCPStoreOptions{.timeout = 2s});
+             });
        }},
   };
 }
@@ -170,7 +175,8 @@ TEST(TCPStore, UnreachableServerNamesHostAndPort) {
     FAIL() << "connected to nothing";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Store);
-    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find("MASTER_ADDR"), std::string::npos) << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
@@ -254,7 +260,8 @@ TEST(StoreProtocol, RandomBytesNeverCrashTheDecoder) {
     for (auto& b : bytes) b = static_cast<uint8_t>(rng());
     if (bytes.size() >= 4 && (i % 2) == 0) {  // plausible lengths reach the body parser
       uint32_t len = static_cast<uint32_t>(bytes.size() - 4);
-      for (int k = 0; k < 4; ++k) bytes[static_cast<size_t>(k)] = static_cast<uint8_t>(len >> (8 * k));
+      for (int k = 0; k < 4; ++k)
+        bytes[static_cast<size_t>(k)] = static_cast<uint8_t>(len >> (8 * k));
     }
     sp::Request req;
     auto r = sp::decode(bytes.data(), bytes.size(), req);
