@@ -413,6 +413,8 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     }
     params_.pathMtu = verbs::mtuFromBytes(endpoint_.activeMtu);
 
+    log(LogLevel::Debug, "rank {}: endpoint {}:{} {} GID {}", rank, endpoint_.device,
+        endpoint_.port, endpoint_.ipv4, endpoint_.gidIndex);
     context_ = verbs::openDevice(endpoint_.device);
     pd_ = verbs::allocatePd(context_.get());
     int peers = std::max(size - 1, 1) * qpsPerPeer_;
@@ -423,6 +425,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     peerAddresses_.resize(static_cast<size_t>(size));
     if (size == 1) return;
 
+    log(LogLevel::Debug, "rank {}: device resources ready", rank);
     events_ = std::make_unique<verbs::EventChannel>();
     listenId_ = events_->createId();
     uint16_t port = verbs::bindAndListen(listenId_.get(), endpoint_.ipv4, 4 * size + 16);
@@ -435,6 +438,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
                   "make RDMACC_IB_HCA and RDMACC_SOCKET_IFNAME agree");
     }
 
+    log(LogLevel::Debug, "rank {}: rdma_cm listening on port {}", rank, port);
     uint64_t token = 0;
     if (rank == 0) {
       token = randomToken();

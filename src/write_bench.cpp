@@ -28,6 +28,7 @@ static_assert(kSignalEvery * 2 <= kMinSendDepth,
 constexpr uint32_t kImmDone = 0x1;     // rank 0 -> 1: a bandwidth run finished
 constexpr uint32_t kImmIntact = 0x2;   // rank 1 -> 0: data verified
 constexpr uint32_t kImmCorrupt = 0x3;  // rank 1 -> 0: data differs
+constexpr uint32_t kImmReady = 0x4;    // both ways: latency flag cleared
 
 uint8_t patternByte(size_t i, size_t bytes) {
   return static_cast<uint8_t>((i * 131 + bytes * 7 + 1) & 0xff);
@@ -263,7 +264,12 @@ LatencyResult WriteBench::latency(size_t bytes, int iterations, int warmup) {
   samples.reserve(static_cast<size_t>(iterations));
   uint8_t* flag = s.target.data() + bytes - 1;
   uint8_t* mine = s.source.data() + bytes - 1;
+  // Clear our flag, then tell the peer: it pings only after our "ready", so a
+  // fast peer's first ping can never be wiped by the clear.
   *flag = 0;
+  s.sendImm(kImmReady);
+  if (s.waitImm() != kImmReady)
+    throw Error(ErrorKind::Protocol, "write benchmark ranks are out of step");
   int sinceSignal = 0;
   auto wait = [&](uint8_t value) {
     auto deadline = Clock::now() + kPeerTimeout;

@@ -134,6 +134,31 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "rdmacc-run: pipe: {}\n", std::strerror(errno));
       return 1;
     }
+    // Everything the child needs is built before fork(): this process has a
+    // store thread, so the child may only make async-signal-safe calls.
+    std::vector<std::string> envStrings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string_view kv(*e);
+      std::string_view name = kv.substr(0, kv.find('='));
+      if (name == "RANK" || name == "LOCAL_RANK" || name == "WORLD_SIZE" ||
+          name == "LOCAL_WORLD_SIZE" || name == "MASTER_ADDR" || name == "MASTER_PORT" ||
+          name == "RDMACC_AGENT_STORE") {
+        continue;
+      }
+      envStrings.emplace_back(kv);
+    }
+    envStrings.push_back(fmt::format("RANK={}", r));
+    envStrings.push_back(fmt::format("LOCAL_RANK={}", r));
+    envStrings.push_back(fmt::format("WORLD_SIZE={}", n));
+    envStrings.push_back(fmt::format("LOCAL_WORLD_SIZE={}", n));
+    envStrings.push_back("MASTER_ADDR=127.0.0.1");
+    envStrings.push_back(fmt::format("MASTER_PORT={}", store->port()));
+    envStrings.push_back("RDMACC_AGENT_STORE=1");
+    std::vector<char*> envp;
+    for (auto& kv : envStrings) envp.push_back(kv.data());
+    envp.push_back(nullptr);
+    const std::string execFailed =
+        fmt::format("rdmacc-run: cannot execute {} (not found or not executable)\n", argv[i]);
     pid_t pid = fork();
     if (pid < 0) {
       fmt::print(stderr, "rdmacc-run: fork: {}\n", std::strerror(errno));
@@ -142,16 +167,12 @@ int main(int argc, char** argv) {
     if (pid == 0) {
       dup2(out[1], STDOUT_FILENO);
       dup2(err[1], STDERR_FILENO);
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(store->port()).c_str(), 1);
-      setenv("RDMACC_AGENT_STORE", "1", 1);
       signal(SIGPIPE, SIG_DFL);
-      execvp(argv[i], argv + i);
-      fmt::print(stderr, "rdmacc-run: cannot execute {}: {}\n", argv[i], std::strerror(errno));
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      execvpe(argv[i], argv + i, envp.data());
+      ssize_t ignored = write(STDERR_FILENO, execFailed.data(), execFailed.size());
+      (void)ignored;
       _exit(127);
     }
     close(out[1]);

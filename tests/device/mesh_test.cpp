@@ -287,6 +287,9 @@ TEST(InProcess, RegistrationOfUnmappedMemoryFailsClearly) {
 }  // namespace rdmacc
 
 int main(int argc, char** argv) {
+  // Under rdmacc-run stdout is a pipe: line-buffer it so that a rank that is
+  // killed after a timeout has already shown how far it got.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   ::testing::InitGoogleTest(&argc, argv);
   if (std::getenv("WORLD_SIZE") != nullptr) {
     try {
