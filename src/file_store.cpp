@@ -23,15 +23,6 @@ namespace {
 
 constexpr uint32_t kTombstone = 0xffffffffu;
 
-void appendU32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-uint32_t readU32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
-}
-
 // Holds an flock() for its lifetime.
 class FileLock {
  public:
@@ -87,10 +78,10 @@ struct FileStore::State {
                    "delete the file (no group may be using it) and restart the job");
     };
     while (got - pos >= 4) {
-      uint32_t klen = readU32(&buf[pos]);
+      uint32_t klen = store_protocol::getU32(&buf[pos]);
       if (klen > store_protocol::kMaxKeyBytes) throw corrupt("key length out of range");
       if (got - pos < 8ull + klen) break;  // a record still being written
-      uint32_t vlen = readU32(&buf[pos + 4 + klen]);
+      uint32_t vlen = store_protocol::getU32(&buf[pos + 4 + klen]);
       size_t vbytes = vlen == kTombstone ? 0 : vlen;
       if (vlen != kTombstone && vlen > store_protocol::kMaxValueBytes)
         throw corrupt("value length out of range");
@@ -115,9 +106,9 @@ struct FileStore::State {
                   fmt::format("store key of {} bytes is too long", key.size()));
     }
     std::vector<uint8_t> rec;
-    appendU32(rec, static_cast<uint32_t>(key.size()));
+    store_protocol::putU32(rec, static_cast<uint32_t>(key.size()));
     rec.insert(rec.end(), key.begin(), key.end());
-    appendU32(rec, value ? static_cast<uint32_t>(value->size()) : kTombstone);
+    store_protocol::putU32(rec, value ? static_cast<uint32_t>(value->size()) : kTombstone);
     if (value) rec.insert(rec.end(), value->begin(), value->end());
     size_t done = 0;
     while (done < rec.size()) {
@@ -128,14 +119,6 @@ struct FileStore::State {
       done += static_cast<size_t>(n);
     }
     refresh();
-  }
-
-  std::vector<std::string> missing(const std::vector<std::string>& keys) {
-    std::vector<std::string> out;
-    for (const auto& k : keys) {
-      if (!data.contains(k)) out.push_back(k);
-    }
-    return out;
   }
 };
 
@@ -179,7 +162,7 @@ bool FileStore::check(const std::vector<std::string>& keys) {
   std::lock_guard lock(state_->mutex);
   FileLock flock(state_->fd.get(), LOCK_SH, state_->path);
   state_->refresh();
-  return state_->missing(keys).empty();
+  return missingKeys(state_->data, keys).empty();
 }
 
 void FileStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
@@ -191,7 +174,7 @@ void FileStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
       std::lock_guard lock(state_->mutex);
       FileLock flock(state_->fd.get(), LOCK_SH, state_->path);
       state_->refresh();
-      missing = state_->missing(keys);
+      missing = missingKeys(state_->data, keys);
     }
     if (missing.empty()) return;
     if (net::Clock::now() >= deadline)

@@ -28,6 +28,15 @@ Error storeTimeout(const char* what, const std::vector<std::string>& missing,
               "started and uses the same store"});
 }
 
+std::vector<std::string> missingKeys(const std::map<std::string, Bytes>& data,
+                                     const std::vector<std::string>& keys) {
+  std::vector<std::string> out;
+  for (const auto& k : keys) {
+    if (!data.contains(k)) out.push_back(k);
+  }
+  return out;
+}
+
 int64_t counterValue(const Bytes& value, const std::string& key) {
   int64_t v = 0;
   std::string text = toString(value);
@@ -49,14 +58,6 @@ struct HashStore::State {
   std::mutex mutex;
   std::condition_variable changed;
   std::map<std::string, Bytes> data;
-
-  std::vector<std::string> missing(const std::vector<std::string>& keys) const {
-    std::vector<std::string> out;
-    for (const auto& k : keys) {
-      if (!data.contains(k)) out.push_back(k);
-    }
-    return out;
-  }
 };
 
 HashStore::HashStore(std::chrono::milliseconds timeout)
@@ -91,13 +92,14 @@ int64_t HashStore::add(const std::string& key, int64_t delta) {
 
 bool HashStore::check(const std::vector<std::string>& keys) {
   std::lock_guard lock(state_->mutex);
-  return state_->missing(keys).empty();
+  return missingKeys(state_->data, keys).empty();
 }
 
 void HashStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   std::unique_lock lock(state_->mutex);
-  if (!state_->changed.wait_for(lock, timeout, [&] { return state_->missing(keys).empty(); })) {
-    throw storeTimeout("wait", state_->missing(keys), timeout, "in-process HashStore");
+  if (!state_->changed.wait_for(lock, timeout,
+                                [&] { return missingKeys(state_->data, keys).empty(); })) {
+    throw storeTimeout("wait", missingKeys(state_->data, keys), timeout, "in-process HashStore");
   }
 }
 

@@ -7,15 +7,6 @@
 namespace rdmacc::store_protocol {
 namespace {
 
-void putU32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-uint32_t getU32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
-}
-
 void putBlob(std::vector<uint8_t>& out, const void* data, size_t size) {
   putU32(out, static_cast<uint32_t>(size));
   const auto* p = static_cast<const uint8_t*>(data);
@@ -101,6 +92,15 @@ std::vector<uint8_t> withLength(std::vector<uint8_t> body) {
 }
 
 }  // namespace
+
+void putU32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+uint32_t getU32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
 
 void putI64(std::vector<uint8_t>& out, int64_t v) {
   auto u = static_cast<uint64_t>(v);

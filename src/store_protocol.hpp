@@ -45,6 +45,8 @@ std::vector<uint8_t> encode(const Response& response);
 DecodeResult decode(const uint8_t* data, size_t size, Request& out);
 DecodeResult decode(const uint8_t* data, size_t size, Response& out);
 
+void putU32(std::vector<uint8_t>& out, uint32_t v);
+uint32_t getU32(const uint8_t* p);
 void putI64(std::vector<uint8_t>& out, int64_t v);
 int64_t getI64(const uint8_t* p);
 

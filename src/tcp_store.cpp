@@ -49,12 +49,7 @@ struct TCPStoreServer::State {
   uint64_t nextClientId = 1;
   std::jthread thread;  // last: started after everything above exists
 
-  bool ready(const sp::Request& req) const {
-    for (const auto& k : req.keys) {
-      if (!data.contains(k)) return false;
-    }
-    return true;
-  }
+  bool ready(const sp::Request& req) const { return missingKeys(data, req.keys).empty(); }
 
   // Returns false when the request must wait for keys.
   bool execute(const sp::Request& req, Client& c) {
@@ -286,8 +281,7 @@ struct TCPStore::State {
         fd.reset();
         return false;
       }
-      uint32_t len = static_cast<uint32_t>(header[0]) | header[1] << 8 | header[2] << 16 |
-                     static_cast<uint32_t>(header[3]) << 24;
+      uint32_t len = sp::getU32(header);
       if (len == 0 || len > sp::kMaxFrameBytes) {
         throw Error(ErrorKind::Protocol,
                     fmt::format("store at {} sent a frame of {} bytes", where(), len),
