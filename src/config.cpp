@@ -46,6 +46,18 @@ constexpr std::array kOptions = {
     "send queue depth of each queue pair", 16, 16384},
   OptionSpec{"RDMACC_QP_RECV_DEPTH", Int, "256", "WRs",
     "receive queue depth of each queue pair", 16, 16384},
+  OptionSpec{"RDMACC_SLOTS_PER_PEER", Int, "16", "slots",
+    "staging slots per peer and direction: messages in flight to one peer (credits)", 1, 4096},
+  OptionSpec{"RDMACC_SLOT_BYTES", Int, "65536", "bytes",
+    "size of one staging slot (64-byte header + payload); larger transfers are pipelined in chunks of this size", 128, 1 << 30},
+  OptionSpec{"RDMACC_TREE_MAX_BYTES", Int, "65536", "bytes",
+    "auto algorithm choice: allreduce and broadcast up to this size use trees, larger ones ring/chain", 0, int64_t{1} << 40},
+  OptionSpec{"RDMACC_ALGO_ALLREDUCE", String, "auto", "",
+    "allreduce algorithm: auto, ring (reduce-scatter + allgather) or tree (binomial reduce + broadcast)", 0, 0},
+  OptionSpec{"RDMACC_ALGO_BROADCAST", String, "auto", "",
+    "broadcast algorithm: auto, ring (pipelined chain) or tree (pipelined binomial tree)", 0, 0},
+  OptionSpec{"RDMACC_SPIN_US", Int, "50", "us",
+    "how long the progress thread busy-polls before it sleeps on the completion channel", 0, 10000000},
   OptionSpec{"RDMACC_CONNECT_TIMEOUT", Duration, "60s", "",
     "time allowed for every peer to arrive and connect when the group forms", 0, 0},
   OptionSpec{"RDMACC_STORE_TIMEOUT", Duration, "300s", "",
@@ -91,6 +103,10 @@ void validate(const OptionSpec& spec, const std::string& text) {
       break;
     case String:
       if (spec.name == "RDMACC_LOG_LEVEL") parseLogLevel(text);
+      if (spec.name.starts_with("RDMACC_ALGO_") && text != "auto" && text != "ring" && text != "tree") {
+        throw Error(ErrorKind::InvalidArgument, fmt::format("{}='{}' is not an algorithm", spec.name, text),
+                    fmt::format("set {} to auto, ring or tree", spec.name));
+      }
       break;
     case Int: {
       int64_t v = parseInt(text, spec.name);

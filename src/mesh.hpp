@@ -46,6 +46,11 @@ class Mesh {
   const std::string& peerAddress(int peer) const;
   const verbs::QpParams& qpParams() const noexcept { return params_; }
 
+  // After the mesh formed: the rdma_cm event channel (readable when a peer
+  // disconnects) and the peers that disconnected since the last call.
+  int eventFd() const noexcept;
+  std::vector<int> takeDisconnectedPeers();
+
  private:
   struct Connection;
   struct Setup;

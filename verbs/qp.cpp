@@ -1,6 +1,7 @@
 #include "verbs/qp.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <poll.h>
 
 #include <cerrno>
@@ -15,8 +16,13 @@ namespace rdmacc::verbs {
 
 CompletionQueue::CompletionQueue(ibv_context* context, int entries) {
   channel_.reset(ibv_create_comp_channel(context));
-  if (!channel_)
+  if (!channel_) {
     throw verbsError("ibv_create_comp_channel", errno, "cannot create a completion channel");
+  }
+  int flags = ::fcntl(channel_->fd, F_GETFL);
+  if (flags < 0 || ::fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    throw verbsError("fcntl", errno, "cannot make the completion channel non-blocking");
+  }
   cq_.reset(ibv_create_cq(context, entries, nullptr, channel_.get(), 0));
   if (!cq_) {
     throw verbsError("ibv_create_cq", errno,
@@ -30,22 +36,18 @@ int CompletionQueue::poll(std::span<ibv_wc> wcs) {
   return n;
 }
 
-bool CompletionQueue::waitForEvent(std::chrono::milliseconds timeout) {
+void CompletionQueue::arm() {
   if (int rc = ibv_req_notify_cq(cq_.get(), 0); rc != 0) {
     throw verbsError("ibv_req_notify_cq", rc, "cannot arm the completion queue");
   }
-  pollfd p{channel_->fd, POLLIN, 0};
-  int rc = ::poll(&p, 1, static_cast<int>(timeout.count()));
-  if (rc <= 0) return false;
+}
+
+void CompletionQueue::drainEvents() {
   ibv_cq* cq = nullptr;
   void* ctx = nullptr;
-  if (ibv_get_cq_event(channel_.get(), &cq, &ctx) != 0) return false;
-  // Acks are batched: each costs a mutex in libibverbs.
-  if (++unackedEvents_ >= 64) {
-    ibv_ack_cq_events(cq_.get(), unackedEvents_);
-    unackedEvents_ = 0;
-  }
-  return true;
+  unsigned events = 0;
+  while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) ++events;
+  if (events > 0) ibv_ack_cq_events(cq_.get(), events);
 }
 
 PdPtr allocatePd(ibv_context* context) {

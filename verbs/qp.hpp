@@ -29,7 +29,7 @@ struct QpParams {
 };
 
 // A completion queue with its completion channel.
-// Threading: poll() and waitForEvent() from one thread at a time.
+// Threading: one thread at a time (the progress engine).
 class CompletionQueue {
  public:
   CompletionQueue(ibv_context* context, int entries);
@@ -37,14 +37,16 @@ class CompletionQueue {
   int entries() const noexcept { return cq_->cqe; }
   // Returns the number of completions written to wcs; throws on a poll error.
   int poll(std::span<ibv_wc> wcs);
-  // Arms the CQ and sleeps on the channel until an event or the timeout;
-  // returns true on an event. Callers poll again afterwards either way.
-  bool waitForEvent(std::chrono::milliseconds timeout);
+  // Sleeping on completions: arm(), poll once more (a completion may have
+  // landed before the arm), then wait for fd() to become readable and call
+  // drainEvents(). The channel is non-blocking.
+  void arm();
+  int fd() const noexcept { return channel_->fd; }
+  void drainEvents();
 
  private:
   CompChannelPtr channel_;
   CqPtr cq_;  // after its channel: destroyed first
-  unsigned unackedEvents_ = 0;
 };
 
 PdPtr allocatePd(ibv_context* context);

@@ -1,0 +1,74 @@
+// Per-operation options, named and shaped as c10d's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "rdmacc/types.hpp"
+
+namespace rdmacc {
+
+// A timeout of kUseDefaultTimeout means the backend's (RDMACC_TIMEOUT).
+inline constexpr std::chrono::milliseconds kUseDefaultTimeout{-1};
+
+// Algorithm override for one call; Auto picks by size and world size.
+enum class Algorithm { Auto, Ring, Tree, Linear, Pairwise, Dissemination };
+const char* toString(Algorithm algorithm) noexcept;
+
+struct BroadcastOptions {
+  int64_t rootRank = 0;
+  int64_t rootTensor = 0;
+  std::chrono::milliseconds timeout = kUseDefaultTimeout;
+  Algorithm algorithm = Algorithm::Auto;  // Ring (chain), Tree (binomial)
+};
+
+struct AllreduceOptions {
+  ReduceOp reduceOp = ReduceOp::Sum;
+  double preMulFactor = 1.0;  // PreMulSum: every input is multiplied by it first
+  std::chrono::milliseconds timeout = kUseDefaultTimeout;
+  Algorithm algorithm = Algorithm::Auto;  // Ring (reduce-scatter + allgather), Tree (reduce + broadcast)
+};
+
+struct AllreduceCoalescedOptions : AllreduceOptions {};
+
+struct ReduceOptions {
+  ReduceOp reduceOp = ReduceOp::Sum;
+  double preMulFactor = 1.0;
+  int64_t rootRank = 0;
+  int64_t rootTensor = 0;
+  std::chrono::milliseconds timeout = kUseDefaultTimeout;
+  Algorithm algorithm = Algorithm::Auto;  // Tree (binomial)
+};
+
+struct AllgatherOptions {
+  std::chrono::milliseconds timeout = kUseDefaultTimeout;
+  Algorithm algorithm = Algorithm::Auto;  // Ring
+};
+
+struct GatherOptions {
+  int64_t rootRank = 0;
+  std::chrono::milliseconds timeout = kUseDefaultTimeout;
+};
+
+struct ScatterOptions {
+  int64_t rootRank = 0;
+  std::chrono::milliseconds timeout = kUseDefaultTimeout;
+};
+
+struct ReduceScatterOptions {
+  ReduceOp reduceOp = ReduceOp::Sum;
+  double preMulFactor = 1.0;
+  std::chrono::milliseconds timeout = kUseDefaultTimeout;
+  Algorithm algorithm = Algorithm::Auto;  // Ring
+};
+
+struct AllToAllOptions {
+  std::chrono::milliseconds timeout = kUseDefaultTimeout;
+};
+
+struct BarrierOptions {
+  std::chrono::milliseconds timeout = kUseDefaultTimeout;
+};
+
+}  // namespace rdmacc

@@ -1,0 +1,66 @@
+// Work: the handle every Backend call returns (c10d's Work contract).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace rdmacc {
+
+enum class OpType {
+  Broadcast, Allreduce, AllreduceCoalesced, Reduce, Allgather, AllgatherBase, AllgatherCoalesced,
+  Gather, Scatter, ReduceScatter, ReduceScatterBase, AlltoallBase, Alltoall, Send, Recv, RecvAnysource,
+  Barrier, MonitoredBarrier,
+};
+const char* toString(OpType type) noexcept;
+
+// Threading: any thread may query, wait or abort; the backend's progress
+// thread completes it. Callbacks run on the completing thread, with no rdmacc
+// lock held, in registration order; one registered after completion runs at once.
+class Work : public std::enable_shared_from_this<Work> {
+ public:
+  Work(OpType type, uint64_t sequence);
+  virtual ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  OpType opType() const noexcept { return type_; }
+  uint64_t sequenceNumber() const noexcept { return sequence_; }
+  bool isCompleted() const;
+  bool isSuccess() const;  // completed without error
+  std::exception_ptr exception() const;
+  // The source of a recvAnysource (the peer for send/recv); -1 before it is known.
+  int sourceRank() const;
+  // Waits for completion and rethrows its failure. With a timeout, throws
+  // Error(Timeout) when it passes first (the operation itself keeps its own
+  // timeout). Returns true on success.
+  bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
+  // Fails the operation with Error(Aborted) and breaks the group: every rank's
+  // pending work fails (c10d abort semantics).
+  void abort();
+  // The c10d future's role: fn runs once the work completes (successfully or not).
+  void then(std::function<void(Work&)> fn);
+
+  // For the backend: completes the work (ok when error is null). Idempotent.
+  void finish(std::exception_ptr error, int sourceRank = -1);
+  void setAbortHandler(std::function<void()> handler);
+
+ private:
+  const OpType type_;
+  const uint64_t sequence_;
+  mutable std::mutex mutex_;
+  std::condition_variable done_;
+  bool completed_ = false;
+  std::exception_ptr error_;
+  int sourceRank_ = -1;
+  std::vector<std::function<void(Work&)>> callbacks_;
+  std::function<void()> abortHandler_;
+};
+
+}  // namespace rdmacc

@@ -1,0 +1,763 @@
+#include "src/engine.hpp"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+#include "src/buffer.hpp"
+#include "src/mesh.hpp"
+#include "src/reduce.hpp"
+#include "src/socket.hpp"
+#include "src/wr_id.hpp"
+#include "verbs/error.hpp"
+
+namespace rdmacc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kMagic = 0x52434d47;  // "RCMG"
+constexpr uint32_t kCreditBit = 0x80000000u;
+
+enum class MessageKind : uint8_t { Collective = 1, PointToPoint = 2, Abort = 3 };
+
+// At the start of every slot. The receiver checks it against what it expects,
+// which catches ranks that call collectives in a different order or with
+// different sizes.
+struct Header {
+  uint32_t magic = kMagic;
+  MessageKind kind = MessageKind::Collective;
+  uint8_t opType = 0;
+  uint16_t reserved = 0;
+  uint32_t sequence = 0;  // collective sequence number, or the p2p tag
+  uint32_t step = 0;      // collective step, or the p2p chunk index
+  uint32_t payload = 0;   // bytes after the header
+  uint32_t unused = 0;
+  uint64_t check = 0;     // collective: the op's check value; p2p: message bytes
+};
+static_assert(sizeof(Header) == 32);
+constexpr size_t kHeaderBytes = 64;  // payload stays 64-byte aligned
+
+struct Incoming {
+  int slot = 0;
+  Header header;
+  uint64_t arrival = 0;
+};
+
+struct PeerState {
+  ibv_qp* qp = nullptr;
+  uint64_t remoteBase = 0;  // where this rank's slots start in the peer's region
+  uint32_t rkey = 0;
+  std::deque<int> freeRemote;   // the peer's slots we may write (our credits)
+  std::vector<int> freeStaging;  // our staging slots for this peer
+  std::deque<Incoming> inbox;    // arrived, not yet consumed
+  std::deque<int> pendingCredits;  // slots to hand back when the send queue has room
+  int sendQueueUsed = 0;
+};
+
+struct Active {
+  std::unique_ptr<Operation> op;
+  bool started = false;
+  size_t step = 0;
+  std::vector<size_t> sent, sentMessages, received, receivedMessages;
+  Clock::time_point deadline{};
+  // point to point
+  int source = -1;
+  size_t done = 0;
+  uint32_t chunks = 0;
+};
+
+std::string describe(const Header& h) {
+  if (h.kind == MessageKind::PointToPoint) {
+    return fmt::format("a send with tag {} ({} bytes)", h.sequence, h.check);
+  }
+  return fmt::format("{} #{} step {} (check {:#x}, {} bytes)", toString(static_cast<OpType>(h.opType)), h.sequence,
+                     h.step, h.check, h.payload);
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  Mesh& mesh;
+  EngineOptions options;
+  int rank;
+  int size;
+  size_t chunk;
+  PageBuffer recvRegion;     // [peer][slot] of slotBytes: what peers write into
+  PageBuffer stagingRegion;  // [peer][slot]: what we write from
+  verbs::MrPtr recvMr;       // after the mesh's PD
+  verbs::MrPtr stagingMr;
+  std::vector<PeerState> peers;
+  uint64_t arrivals = 0;
+  Clock::time_point lastConnectionCheck{};
+
+  std::deque<std::unique_ptr<Active>> collectives;  // the front one runs
+  std::list<std::unique_ptr<Active>> pointToPoint;
+  std::optional<Error> broken;
+
+  // Shared with other threads.
+  std::mutex intakeMutex;
+  std::vector<std::unique_ptr<Operation>> intake;
+  std::optional<std::string> abortRequest;
+  bool brokenShared = false;
+  std::optional<Error> brokenCopy;
+  net::Fd wakeFd;
+  std::jthread thread;  // last: starts after everything above exists
+
+  Impl(Mesh& m, EngineOptions o) : mesh(m), options(std::move(o)), rank(m.rank()), size(m.size()) {}
+
+  uint8_t* recvSlot(int peer, int slot) {
+    return recvRegion.data() + (static_cast<size_t>(peer) * options.slotsPerPeer + slot) * options.slotBytes;
+  }
+  uint8_t* stagingSlot(int peer, int slot) {
+    return stagingRegion.data() + (static_cast<size_t>(peer) * options.slotsPerPeer + slot) * options.slotBytes;
+  }
+  size_t messages(size_t bytes) const { return bytes == 0 ? 1 : (bytes + chunk - 1) / chunk; }
+
+  void wake() {
+    uint64_t one = 1;
+    ssize_t ignored = ::write(wakeFd.get(), &one, sizeof one);
+    (void)ignored;
+  }
+
+  // ------------------------------------------------------------- posting --
+
+  bool sendQueueFull(const PeerState& p) const {
+    return p.sendQueueUsed + 2 > static_cast<int>(mesh.qpParams().sendDepth);
+  }
+
+  bool trySend(int peer, const Header& header, const uint8_t* data) {
+    PeerState& p = peers[static_cast<size_t>(peer)];
+    if (p.freeRemote.empty() || p.freeStaging.empty() || sendQueueFull(p)) return false;
+    int remote = p.freeRemote.front();
+    int staging = p.freeStaging.back();
+    uint8_t* slot = stagingSlot(peer, staging);
+    std::memcpy(slot, &header, sizeof header);
+    if (header.payload > 0) std::memcpy(slot + kHeaderBytes, data, header.payload);
+    verbs::WriteRequest w{.wrId = pack(WrId{WrKind::WriteImm, 0, static_cast<uint16_t>(peer),
+                                            static_cast<uint32_t>(staging)}),
+                          .local = slot,
+                          .lkey = stagingMr->lkey,
+                          .length = static_cast<uint32_t>(kHeaderBytes + header.payload),
+                          .remoteAddr = p.remoteBase + static_cast<uint64_t>(remote) * options.slotBytes,
+                          .rkey = p.rkey,
+                          .imm = static_cast<uint32_t>(remote)};
+    if (int rc = verbs::postWrite(p.qp, w); rc != 0) {
+      throw verbs::verbsError("ibv_post_send", rc, fmt::format("posting a message to rank {}", peer));
+    }
+    p.freeRemote.pop_front();
+    p.freeStaging.pop_back();
+    ++p.sendQueueUsed;
+    if (logEnabled(LogLevel::Trace)) log(LogLevel::Trace, "-> rank {} slot {}: {}", peer, remote, describe(header));
+    return true;
+  }
+
+  // Hands a consumed slot back to its sender.
+  void release(int peer, int slot) {
+    peers[static_cast<size_t>(peer)].pendingCredits.push_back(slot);
+    flushCredits(peer);
+  }
+
+  bool flushCredits(int peer) {
+    PeerState& p = peers[static_cast<size_t>(peer)];
+    bool any = false;
+    while (!p.pendingCredits.empty() && !sendQueueFull(p)) {
+      verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(peer), 0}),
+                            .remoteAddr = p.remoteBase,
+                            .rkey = p.rkey,
+                            .imm = kCreditBit | static_cast<uint32_t>(p.pendingCredits.front())};
+      if (int rc = verbs::postWrite(p.qp, w); rc != 0) {
+        throw verbs::verbsError("ibv_post_send", rc, fmt::format("returning a credit to rank {}", peer));
+      }
+      p.pendingCredits.pop_front();
+      ++p.sendQueueUsed;
+      any = true;
+    }
+    return any;
+  }
+
+  // --------------------------------------------------------- completions --
+
+  bool pollCompletions() {
+    std::array<ibv_wc, 64> wcs;
+    int n = mesh.cq().poll(wcs);
+    for (int i = 0; i < n; ++i) {
+      const ibv_wc& wc = wcs[static_cast<size_t>(i)];
+      WrId id = unpack(wc.wr_id);
+      int peer = id.peer;
+      if (logEnabled(LogLevel::Trace)) {
+        log(LogLevel::Trace, "wc kind {} peer {} tag {} status {} opcode {}", static_cast<int>(id.kind), peer, id.tag,
+            static_cast<int>(wc.status), static_cast<int>(wc.opcode));
+      }
+      if (wc.status != IBV_WC_SUCCESS) {
+        const char* what = id.kind == WrKind::Recv ? "a receive" : "an RDMA write";
+        breakGroup(verbs::completionError(wc, peer, mesh.peerAddress(peer), what));
+        continue;
+      }
+      PeerState& p = peers[static_cast<size_t>(peer)];
+      switch (id.kind) {
+        case WrKind::Recv: onReceive(peer, ntohl(wc.imm_data), wc.wr_id); break;
+        case WrKind::WriteImm:
+          p.freeStaging.push_back(static_cast<int>(id.tag));
+          --p.sendQueueUsed;
+          break;
+        default: --p.sendQueueUsed; break;
+      }
+    }
+    return n > 0;
+  }
+
+  void onReceive(int peer, uint32_t imm, uint64_t wrId) {
+    PeerState& p = peers[static_cast<size_t>(peer)];
+    if (int rc = verbs::postEmptyRecvs(p.qp, wrId, 1); rc != 0) {
+      throw verbs::verbsError("ibv_post_recv", rc, fmt::format("reposting a receive for rank {}", peer));
+    }
+    int slot = static_cast<int>(imm & 0xffffu);
+    if (slot >= options.slotsPerPeer) {
+      throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                            .message = fmt::format("rank {} used slot {} of {}", peer, slot, options.slotsPerPeer),
+                            .peerRank = peer,
+                            .hint = "every rank must use the same RDMACC_SLOTS_PER_PEER"});
+    }
+    if (imm & kCreditBit) {
+      p.freeRemote.push_back(slot);
+      return;
+    }
+    Incoming in{slot, {}, arrivals++};
+    std::memcpy(&in.header, recvSlot(peer, slot), sizeof in.header);
+    if (in.header.magic != kMagic || in.header.payload > chunk) {
+      throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                            .message = fmt::format("rank {} wrote a malformed message header", peer),
+                            .peerRank = peer,
+                            .hint = "every rank must run the same rdmacc version with the same RDMACC_SLOT_BYTES"});
+    }
+    if (in.header.kind == MessageKind::Abort) {
+      std::string text(reinterpret_cast<const char*>(recvSlot(peer, slot)) + kHeaderBytes, in.header.payload);
+      release(peer, slot);
+      breakGroup(Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
+                                 .message = fmt::format("rank {} reported a failure: {}", peer, text),
+                                 .peerRank = peer,
+                                 .peerAddress = mesh.peerAddress(peer)}),
+                 /*tellPeers=*/false);
+      return;
+    }
+    if (logEnabled(LogLevel::Trace)) log(LogLevel::Trace, "<- rank {} slot {}: {}", peer, slot, describe(in.header));
+    p.inbox.push_back(in);
+  }
+
+  bool pollConnectionEvents() {
+    auto gone = mesh.takeDisconnectedPeers();
+    for (int peer : gone) {
+      breakGroup(Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
+                                 .message = fmt::format("rank {} disconnected", peer),
+                                 .call = "rdma_get_cm_event",
+                                 .status = "RDMA_CM_EVENT_DISCONNECTED",
+                                 .peerRank = peer,
+                                 .peerAddress = mesh.peerAddress(peer),
+                                 .hint = "its process exited or crashed, or destroyed its backend early; see its "
+                                         "output"}),
+                 false);
+    }
+    return !gone.empty();
+  }
+
+  // --------------------------------------------------------- collectives --
+
+  void finalize(Active& a, const std::vector<Range>& ranges) {
+    const Operation& op = *a.op;
+    if (op.avgDivisor <= 1) return;
+    for (const Range& r : ranges) {
+      divideBy(op.recvBase + r.offset, r.bytes / elementSize(op.dtype), op.dtype, op.avgDivisor);
+    }
+  }
+
+  void enterStep(Active& a) {
+    const Step& s = a.op->schedule[a.step];
+    a.sent.assign(s.sends.size(), 0);
+    a.sentMessages.assign(s.sends.size(), 0);
+    a.received.assign(s.recvs.size(), 0);
+    a.receivedMessages.assign(s.recvs.size(), 0);
+    finalize(a, s.finalize);
+  }
+
+  using InboxIt = std::deque<Incoming>::iterator;
+
+  std::optional<InboxIt> firstCollective(int peer) {
+    auto& box = peers[static_cast<size_t>(peer)].inbox;
+    for (auto it = box.begin(); it != box.end(); ++it) {
+      if (it->header.kind == MessageKind::Collective) return it;
+    }
+    return std::nullopt;
+  }
+
+  void consume(int peer, InboxIt in) {
+    int slot = in->slot;
+    peers[static_cast<size_t>(peer)].inbox.erase(in);
+    release(peer, slot);
+  }
+
+  [[noreturn]] void mismatch(const Active& a, int peer, const Header& got, size_t expectedPayload) {
+    const Operation& op = *a.op;
+    throw Error(ErrorInfo{
+        .kind = ErrorKind::Protocol,
+        .message = fmt::format("rank {} sent {} while this rank expects {} #{} step {} (check {:#x}, {} bytes)", peer,
+                               describe(got), toString(op.type), op.sequence, a.step, op.checkValue, expectedPayload),
+        .peerRank = peer,
+        .peerAddress = mesh.peerAddress(peer),
+        .hint = "every rank must call the same collectives in the same order with the same sizes, dtypes, roots "
+                "and reduce ops"});
+  }
+
+  bool advanceCollective(Active& a) {
+    Operation& op = *a.op;
+    bool progress = false;
+    if (!a.started) {
+      a.started = true;
+      a.deadline = Clock::now() + op.timeout;
+      log(LogLevel::Trace, "start {} ({} steps)", op.description, op.schedule.size());
+      if (op.prologue) op.prologue();
+      if (!op.schedule.empty()) enterStep(a);
+      progress = true;
+    }
+    while (a.step < op.schedule.size()) {
+      const Step& s = op.schedule[a.step];
+      bool complete = true;
+      for (size_t i = 0; i < s.sends.size(); ++i) {
+        const SendSpec& send = s.sends[i];
+        size_t bytes = send.range.bytes;
+        while (a.sentMessages[i] < messages(bytes)) {
+          size_t available = bytes;
+          bool gatesDone = true;
+          for (int g : send.gates) {
+            available = std::min(available, a.received[static_cast<size_t>(g)]);
+            gatesDone = gatesDone && a.receivedMessages[static_cast<size_t>(g)] ==
+                                         messages(s.recvs[static_cast<size_t>(g)].range.bytes);
+          }
+          size_t payload = std::min(chunk, bytes - a.sent[i]);
+          if (a.sent[i] + payload > available || (payload == 0 && !gatesDone)) break;
+          Header h{.kind = MessageKind::Collective,
+                   .opType = static_cast<uint8_t>(op.type),
+                   .sequence = static_cast<uint32_t>(op.sequence),
+                   .step = static_cast<uint32_t>(a.step),
+                   .payload = static_cast<uint32_t>(payload),
+                   .check = op.checkValue};
+          if (!trySend(send.peer, h, op.sendBase + send.range.offset + a.sent[i])) break;
+          a.sent[i] += payload;
+          ++a.sentMessages[i];
+          progress = true;
+        }
+        complete = complete && a.sentMessages[i] == messages(bytes);
+      }
+      for (size_t j = 0; j < s.recvs.size(); ++j) {
+        const RecvSpec& recv = s.recvs[j];
+        size_t bytes = recv.range.bytes;
+        while (a.receivedMessages[j] < messages(bytes)) {
+          auto found = firstCollective(recv.peer);
+          if (!found) break;
+          InboxIt in = *found;
+          size_t payload = std::min(chunk, bytes - a.received[j]);
+          const Header& h = in->header;
+          if (h.sequence != static_cast<uint32_t>(op.sequence) || h.opType != static_cast<uint8_t>(op.type) ||
+              h.step != a.step || h.check != op.checkValue || h.payload != payload) {
+            mismatch(a, recv.peer, h, payload);
+          }
+          uint8_t* dst = op.recvBase + recv.range.offset + a.received[j];
+          const uint8_t* src = recvSlot(recv.peer, in->slot) + kHeaderBytes;
+          if (recv.combine == Combine::Copy) {
+            if (payload > 0) std::memcpy(dst, src, payload);
+          } else {
+            reduceInto(dst, src, payload / elementSize(op.dtype), op.dtype, op.reduceOp);
+          }
+          consume(recv.peer, in);
+          a.received[j] += payload;
+          ++a.receivedMessages[j];
+          progress = true;
+        }
+        complete = complete && a.receivedMessages[j] == messages(bytes);
+      }
+      if (!complete) return progress;
+      ++a.step;
+      if (a.step < op.schedule.size()) enterStep(a);
+      progress = true;
+    }
+    if (op.epilogue) op.epilogue();
+    return true;
+  }
+
+  // ------------------------------------------------------ point to point --
+
+  bool advanceSend(Active& a) {
+    Operation& op = *a.op;
+    bool progress = false;
+    while (a.chunks < messages(op.bytes)) {
+      size_t payload = std::min(chunk, op.bytes - a.done);
+      Header h{.kind = MessageKind::PointToPoint,
+               .sequence = op.tag,
+               .step = a.chunks,
+               .payload = static_cast<uint32_t>(payload),
+               .check = op.bytes};
+      if (!trySend(op.peer, h, op.buffer + a.done)) break;
+      a.done += payload;
+      ++a.chunks;
+      progress = true;
+    }
+    return progress;
+  }
+
+  bool advanceRecv(Active& a) {
+    Operation& op = *a.op;
+    bool progress = false;
+    while (a.chunks < messages(op.bytes)) {
+      std::optional<InboxIt> match;
+      int from = -1;
+      auto look = [&](int peer) {
+        auto& box = peers[static_cast<size_t>(peer)].inbox;
+        for (auto it = box.begin(); it != box.end(); ++it) {
+          if (it->header.kind == MessageKind::PointToPoint && it->header.sequence == op.tag &&
+              it->header.step == a.chunks) {
+            if (!match || it->arrival < (*match)->arrival) match = it, from = peer;
+            return;
+          }
+        }
+      };
+      if (a.source >= 0) {
+        look(a.source);
+      } else {
+        for (int peer = 0; peer < size; ++peer) {
+          if (peer != rank) look(peer);
+        }
+      }
+      if (!match) break;
+      InboxIt found = *match;
+      if (found->header.check != op.bytes) {
+        throw Error(ErrorInfo{
+            .kind = ErrorKind::InvalidArgument,
+            .message = fmt::format("rank {} sent {} bytes with tag {}, but the receive expects {} bytes", from,
+                                   found->header.check, op.tag, op.bytes),
+            .peerRank = from,
+            .hint = "the tensors of a send and its matching recv must have the same size and dtype"});
+      }
+      size_t payload = found->header.payload;
+      if (payload > 0) std::memcpy(op.buffer + a.done, recvSlot(from, found->slot) + kHeaderBytes, payload);
+      consume(from, found);
+      a.source = from;
+      a.done += payload;
+      ++a.chunks;
+      progress = true;
+    }
+    return progress;
+  }
+
+  bool advancePointToPoint() {
+    bool progress = false;
+    std::vector<bool> streaming(static_cast<size_t>(size), false);  // one send per peer at a time
+    for (auto it = pointToPoint.begin(); it != pointToPoint.end();) {
+      Active& a = **it;
+      Operation& op = *a.op;
+      if (!a.started) {
+        a.started = true;
+        a.deadline = Clock::now() + op.timeout;
+        if (op.peer >= 0) a.source = op.peer;
+      }
+      if (op.isSend) {
+        if (streaming[static_cast<size_t>(op.peer)]) {
+          ++it;
+          continue;
+        }
+        streaming[static_cast<size_t>(op.peer)] = true;
+        progress |= advanceSend(a);
+      } else {
+        progress |= advanceRecv(a);
+      }
+      if (a.chunks == messages(op.bytes)) {
+        op.work->finish(nullptr, a.source);
+        it = pointToPoint.erase(it);
+        progress = true;
+      } else {
+        ++it;
+      }
+    }
+    return progress;
+  }
+
+  // ------------------------------------------------------------- failure --
+
+  std::vector<int> awaited(const Active& a) const {
+    std::vector<int> out;
+    const Operation& op = *a.op;
+    if (op.pointToPoint) {
+      if (a.source >= 0) out.push_back(a.source);
+      return out;
+    }
+    if (!a.started || a.step >= op.schedule.size()) return out;
+    const Step& s = op.schedule[a.step];
+    for (size_t j = 0; j < s.recvs.size(); ++j) {
+      if (a.receivedMessages[j] < messages(s.recvs[j].range.bytes)) out.push_back(s.recvs[j].peer);
+    }
+    for (size_t i = 0; i < s.sends.size(); ++i) {
+      if (a.sentMessages[i] < messages(s.sends[i].range.bytes) &&
+          std::find(out.begin(), out.end(), s.sends[i].peer) == out.end()) {
+        out.push_back(s.sends[i].peer);
+      }
+    }
+    return out;
+  }
+
+  void checkDeadlines() {
+    auto now = Clock::now();
+    auto expired = [&](const Active& a) { return a.started && now > a.deadline; };
+    const Active* late = nullptr;
+    if (!collectives.empty() && expired(*collectives.front())) late = collectives.front().get();
+    for (const auto& a : pointToPoint) {
+      if (late == nullptr && expired(*a)) late = a.get();
+    }
+    if (late == nullptr) return;
+    auto waiting = awaited(*late);
+    const Operation& op = *late->op;
+    breakGroup(Error(ErrorInfo{
+        .kind = ErrorKind::Timeout,
+        .message = fmt::format("{} timed out after {} ms{}", op.description, op.timeout.count(),
+                               waiting.empty() ? std::string()
+                                               : fmt::format(", still waiting for rank(s) {}",
+                                                             fmt::join(waiting, ", "))),
+        .peerRank = waiting.size() == 1 ? waiting.front() : -1,
+        .hint = "a rank is missing, slower, or called different collectives; raise the op's timeout "
+                "(RDMACC_TIMEOUT) if it is only slow"}));
+  }
+
+  // Fails everything pending; later submissions fail at once.
+  void breakGroup(const Error& error, bool tellPeers = true) {
+    if (broken) return;
+    broken = error;
+    log(LogLevel::Error, "group '{}' is broken: {}", options.group, error.what());
+    {
+      std::lock_guard lock(intakeMutex);
+      brokenShared = true;
+      brokenCopy = error;
+    }
+    if (tellPeers) {
+      std::string text = std::string(error.what()).substr(0, chunk);
+      for (int peer = 0; peer < size; ++peer) {
+        if (peer == rank) continue;
+        Header h{.kind = MessageKind::Abort, .payload = static_cast<uint32_t>(text.size())};
+        try {
+          trySend(peer, h, reinterpret_cast<const uint8_t*>(text.data()));
+        } catch (const Error&) {  // best effort: the peer may be the one that failed
+        }
+      }
+    }
+    failAll(error);
+  }
+
+  void failAll(const Error& error) {
+    auto fail = [&](Active& a) {
+      ErrorInfo info = error.info();
+      if (info.message.find(a.op->description) == std::string::npos) {
+        info.message = fmt::format("{} failed: {}", a.op->description, info.message);
+      }
+      a.op->work->finish(std::make_exception_ptr(Error(std::move(info))));
+    };
+    for (auto& a : collectives) fail(*a);
+    for (auto& a : pointToPoint) fail(*a);
+    collectives.clear();
+    pointToPoint.clear();
+  }
+
+  // ---------------------------------------------------------------- loop --
+
+  bool takeIntake() {
+    std::vector<std::unique_ptr<Operation>> ops;
+    std::optional<std::string> abortReason;
+    {
+      std::lock_guard lock(intakeMutex);
+      ops.swap(intake);
+      abortReason.swap(abortRequest);
+    }
+    if (abortReason) breakGroup(Error(ErrorKind::Aborted, *abortReason));
+    for (auto& op : ops) {
+      auto a = std::make_unique<Active>();
+      a->op = std::move(op);
+      if (a->op->pointToPoint) {
+        pointToPoint.push_back(std::move(a));
+      } else {
+        collectives.push_back(std::move(a));
+      }
+    }
+    if (broken) failAll(*broken);
+    return !ops.empty() || abortReason.has_value();
+  }
+
+  bool step() {
+    bool progress = takeIntake();
+    progress |= pollCompletions();
+    if (Clock::now() - lastConnectionCheck > std::chrono::milliseconds(1)) {
+      lastConnectionCheck = Clock::now();
+      progress |= pollConnectionEvents();
+    }
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != rank) progress |= flushCredits(peer);
+    }
+    while (!broken && !collectives.empty()) {
+      Active& a = *collectives.front();
+      bool before = a.started;
+      bool moved = advanceCollective(a);
+      if (a.step < a.op->schedule.size() || !a.started) {
+        progress |= moved || !before;
+        break;
+      }
+      a.op->work->finish(nullptr);
+      collectives.pop_front();
+      progress = true;
+    }
+    if (!broken) progress |= advancePointToPoint();
+    if (!broken) checkDeadlines();
+    return progress;
+  }
+
+  void sleep() {
+    mesh.cq().arm();
+    if (pollCompletions()) return;
+    std::array<pollfd, 3> fds{{{mesh.cq().fd(), POLLIN, 0}, {wakeFd.get(), POLLIN, 0}, {mesh.eventFd(), POLLIN, 0}}};
+    int timeoutMs = 20;  // deadlines are checked at least this often
+    ::poll(fds.data(), fds[2].fd >= 0 ? 3 : 2, timeoutMs);
+    if (fds[1].revents & POLLIN) {
+      uint64_t v = 0;
+      ssize_t ignored = ::read(wakeFd.get(), &v, sizeof v);
+      (void)ignored;
+    }
+    mesh.cq().drainEvents();
+  }
+
+  void run(const std::stop_token& stop) {
+    auto lastProgress = Clock::now();
+    while (!stop.stop_requested()) {
+      bool progress = false;
+      try {
+        progress = step();
+      } catch (const Error& e) {
+        breakGroup(e);
+        progress = true;
+      } catch (const std::exception& e) {
+        breakGroup(Error(ErrorKind::Internal, e.what()));
+        progress = true;
+      }
+      auto now = Clock::now();
+      if (progress) {
+        lastProgress = now;
+        continue;
+      }
+      if (now - lastProgress < options.spin) continue;
+      try {
+        sleep();
+      } catch (const std::exception& e) {
+        log(LogLevel::Error, "progress engine: {}", e.what());
+      }
+    }
+  }
+};
+
+Engine::Engine(Mesh& mesh, Store& store, EngineOptions options) : impl_(std::make_unique<Impl>(mesh, options)) {
+  Impl& s = *impl_;
+  if (options.slotBytes < 2 * kHeaderBytes || options.slotBytes % 64 != 0 || options.slotBytes > (1u << 30)) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("slot size {} is not usable", options.slotBytes),
+                "RDMACC_SLOT_BYTES must be a multiple of 64 between 128 and 1 GiB");
+  }
+  const auto recvDepth = mesh.qpParams().recvDepth;
+  const auto sendDepth = mesh.qpParams().sendDepth;
+  if (static_cast<uint32_t>(2 * options.slotsPerPeer + 4) > std::min(recvDepth, sendDepth)) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{} slots per peer need queue depths of at least {} (send {}, receive {})",
+                            options.slotsPerPeer, 2 * options.slotsPerPeer + 4, sendDepth, recvDepth),
+                "raise RDMACC_QP_SEND_DEPTH/RDMACC_QP_RECV_DEPTH or lower RDMACC_SLOTS_PER_PEER");
+  }
+  s.chunk = options.slotBytes - kHeaderBytes;
+  size_t region = static_cast<size_t>(s.size) * static_cast<size_t>(options.slotsPerPeer) * options.slotBytes;
+  s.recvRegion = PageBuffer(region);
+  s.stagingRegion = PageBuffer(region);
+  s.recvMr = verbs::registerMemory(mesh.pd(), s.recvRegion.data(), region, verbs::kRemoteWriteAccess);
+  s.stagingMr = verbs::registerMemory(mesh.pd(), s.stagingRegion.data(), region, IBV_ACCESS_LOCAL_WRITE);
+
+  PrefixStore group("rdmacc/engine/" + options.group, std::shared_ptr<Store>(&store, [](Store*) {}));
+  group.set(fmt::format("slots/{}", s.rank),
+            toBytes(fmt::format("{}:{}:{}:{}", reinterpret_cast<uintptr_t>(s.recvRegion.data()), s.recvMr->rkey,
+                                options.slotsPerPeer, options.slotBytes)));
+  s.peers.resize(static_cast<size_t>(s.size));
+  for (int peer = 0; peer < s.size; ++peer) {
+    if (peer == s.rank) continue;
+    std::string text = toString(group.get(fmt::format("slots/{}", peer)));
+    uint64_t base = 0;
+    uint32_t rkey = 0;
+    int slots = 0;
+    size_t slotBytes = 0;
+    if (std::sscanf(text.c_str(), "%lu:%u:%d:%zu", &base, &rkey, &slots, &slotBytes) != 4) {
+      throw Error(ErrorKind::Protocol, fmt::format("rank {} published malformed slot information '{}'", peer, text));
+    }
+    if (slots != options.slotsPerPeer || slotBytes != options.slotBytes) {
+      throw Error(ErrorInfo{.kind = ErrorKind::InvalidArgument,
+                            .message = fmt::format("rank {} uses {} slots of {} bytes, this rank {} of {}", peer,
+                                                   slots, slotBytes, options.slotsPerPeer, options.slotBytes),
+                            .peerRank = peer,
+                            .hint = "set RDMACC_SLOTS_PER_PEER and RDMACC_SLOT_BYTES the same on every rank"});
+    }
+    PeerState& p = s.peers[static_cast<size_t>(peer)];
+    p.qp = mesh.qp(peer, 0);
+    p.remoteBase = base + static_cast<uint64_t>(s.rank) * static_cast<uint64_t>(slots) * slotBytes;
+    p.rkey = rkey;
+    for (int i = 0; i < slots; ++i) {
+      p.freeRemote.push_back(i);
+      p.freeStaging.push_back(slots - 1 - i);
+    }
+  }
+  s.wakeFd = net::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!s.wakeFd) throw errnoError(ErrorKind::Internal, "eventfd", errno, "starting the progress engine");
+  s.thread = std::jthread([impl = impl_.get()](std::stop_token st) { impl->run(st); });
+}
+
+Engine::~Engine() {
+  impl_->thread.request_stop();
+  impl_->wake();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->takeIntake();
+  impl_->failAll(Error(ErrorKind::Aborted, "the backend was destroyed before the operation completed"));
+}
+
+void Engine::submit(std::unique_ptr<Operation> op) {
+  {
+    std::lock_guard lock(impl_->intakeMutex);
+    if (impl_->brokenShared) {
+      ErrorInfo info = impl_->brokenCopy->info();
+      info.message = fmt::format("{} cannot start: the group is broken by an earlier failure: {}", op->description,
+                                 info.message);
+      op->work->finish(std::make_exception_ptr(Error(std::move(info))));
+      return;
+    }
+    impl_->intake.push_back(std::move(op));
+  }
+  impl_->wake();
+}
+
+void Engine::abort(const std::string& reason) {
+  {
+    std::lock_guard lock(impl_->intakeMutex);
+    impl_->abortRequest = reason;
+  }
+  impl_->wake();
+}
+
+size_t Engine::chunkBytes() const noexcept { return impl_->chunk; }
+
+}  // namespace rdmacc

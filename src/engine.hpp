@@ -1,0 +1,84 @@
+// The progress engine: the only thread that posts to the queue pairs and
+// polls the completion queue. It moves data with RDMA WRITE_WITH_IMM into
+// per-peer staging slots under credit-based flow control, executes collective
+// schedules in submission order and point-to-point operations alongside, and
+// turns completions, peer disconnects and timeouts into Work status.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rdmacc/store.hpp"
+#include "rdmacc/types.hpp"
+#include "rdmacc/work.hpp"
+#include "src/schedule.hpp"
+
+namespace rdmacc {
+
+class Mesh;
+
+// One operation as the engine runs it. Built by VerbsBackend on the caller's
+// thread, owned by the engine afterwards.
+struct Operation {
+  OpType type = OpType::Barrier;
+  uint64_t sequence = 0;  // collectives: the group's sequence number
+  std::shared_ptr<Work> work;
+  std::chrono::milliseconds timeout{0};
+  std::string description;  // "allreduce #12 (4099 x float32, sum, ring)"
+
+  // Collectives.
+  Schedule schedule;
+  uint8_t* sendBase = nullptr;
+  uint8_t* recvBase = nullptr;
+  DataType dtype = DataType::UInt8;
+  ReduceOp reduceOp = ReduceOp::Sum;
+  int64_t avgDivisor = 0;       // finalize ranges are divided by it (Avg)
+  uint64_t checkValue = 0;      // every rank of the op must present the same value
+  std::function<void()> prologue;  // on the engine thread, when the op starts
+  std::function<void()> epilogue;  // after the last step, before completion
+  std::vector<uint8_t> scratch;    // memory the operation owns
+
+  // Point to point.
+  bool pointToPoint = false;
+  bool isSend = false;
+  int peer = -1;  // -1: any source
+  uint32_t tag = 0;
+  uint8_t* buffer = nullptr;
+  size_t bytes = 0;
+};
+
+struct EngineOptions {
+  std::string group;
+  int slotsPerPeer = 16;
+  size_t slotBytes = 64 * 1024;
+  std::chrono::microseconds spin{50};  // busy-poll this long before sleeping
+};
+
+// Threading: submit() and abort() from any thread; everything else belongs to
+// the engine's own thread.
+class Engine {
+ public:
+  // Registers the slot regions and exchanges them with the peers through the
+  // store; throws Error when that fails.
+  Engine(Mesh& mesh, Store& store, EngineOptions options);
+  ~Engine();  // fails what is still pending with Error(Aborted), then stops
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void submit(std::unique_ptr<Operation> op);
+  // Breaks the group: every pending and future operation fails with reason,
+  // and the peers are told.
+  void abort(const std::string& reason);
+  // Payload bytes per message (slot size minus the header).
+  size_t chunkBytes() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rdmacc

@@ -1,0 +1,221 @@
+#include "src/reduce.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "rdmacc/error.hpp"
+
+namespace rdmacc {
+namespace {
+
+// Arithmetic that wraps for integers (no signed-overflow UB), plain for floats.
+template <typename T>
+T add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+
+template <typename T>
+T mul(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  } else {
+    return a * b;
+  }
+}
+
+template <typename T, typename F>
+void apply(void* dst, const void* src, size_t n, F f) {
+  auto* d = static_cast<T*>(dst);
+  const auto* s = static_cast<const T*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] = f(d[i], s[i]);
+}
+
+template <typename T>
+void reduceTyped(void* dst, const void* src, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+    case ReduceOp::PreMulSum: apply<T>(dst, src, n, [](T a, T b) { return add(a, b); }); return;
+    case ReduceOp::Product: apply<T>(dst, src, n, [](T a, T b) { return mul(a, b); }); return;
+    case ReduceOp::Min: apply<T>(dst, src, n, [](T a, T b) { return b < a ? b : a; }); return;
+    case ReduceOp::Max: apply<T>(dst, src, n, [](T a, T b) { return a < b ? b : a; }); return;
+    case ReduceOp::BAnd:
+    case ReduceOp::BOr:
+    case ReduceOp::BXor:
+      if constexpr (std::is_integral_v<T>) {
+        if (op == ReduceOp::BAnd) apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a & b); });
+        if (op == ReduceOp::BOr) apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a | b); });
+        if (op == ReduceOp::BXor) apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a ^ b); });
+        return;
+      }
+      break;
+  }
+  throw Error(ErrorKind::Internal, "reduction kernel called with an unsupported op");
+}
+
+// 16-bit floats: widen to float, combine, narrow once.
+template <float (*Widen)(uint16_t) noexcept, uint16_t (*Narrow)(float) noexcept>
+void reduceHalf(void* dst, const void* src, size_t n, ReduceOp op) {
+  auto* d = static_cast<uint16_t*>(dst);
+  const auto* s = static_cast<const uint16_t*>(src);
+  constexpr size_t kBlock = 256;
+  float a[kBlock], b[kBlock];
+  for (size_t base = 0; base < n; base += kBlock) {
+    size_t m = std::min(kBlock, n - base);
+    for (size_t i = 0; i < m; ++i) a[i] = Widen(d[base + i]), b[i] = Widen(s[base + i]);
+    reduceTyped<float>(a, b, m, op);
+    for (size_t i = 0; i < m; ++i) d[base + i] = Narrow(a[i]);
+  }
+}
+
+void reduceBool(void* dst, const void* src, size_t n, ReduceOp op) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Max:
+    case ReduceOp::BOr:
+      for (size_t i = 0; i < n; ++i) d[i] = (d[i] | s[i]) != 0;
+      return;
+    case ReduceOp::Product:
+    case ReduceOp::Min:
+    case ReduceOp::BAnd:
+      for (size_t i = 0; i < n; ++i) d[i] = (d[i] != 0) & (s[i] != 0);
+      return;
+    case ReduceOp::BXor:
+      for (size_t i = 0; i < n; ++i) d[i] = (d[i] != 0) ^ (s[i] != 0);
+      return;
+    default: throw Error(ErrorKind::Internal, "Bool reduction with an unsupported op");
+  }
+}
+
+template <typename T, typename F>
+void mapTyped(void* data, size_t n, F f) {
+  auto* d = static_cast<T*>(data);
+  for (size_t i = 0; i < n; ++i) d[i] = f(d[i]);
+}
+
+template <typename F>
+void mapNumeric(void* data, size_t n, DataType dtype, F f) {
+  switch (dtype) {
+    case DataType::Float32: mapTyped<float>(data, n, [&](float v) { return static_cast<float>(f(v)); }); return;
+    case DataType::Float64: mapTyped<double>(data, n, [&](double v) { return f(v); }); return;
+    case DataType::Float16:
+      mapTyped<uint16_t>(data, n, [&](uint16_t v) { return floatToHalf(static_cast<float>(f(halfToFloat(v)))); });
+      return;
+    case DataType::BFloat16:
+      mapTyped<uint16_t>(data, n,
+                         [&](uint16_t v) { return floatToBfloat16(static_cast<float>(f(bfloat16ToFloat(v)))); });
+      return;
+    default: throw Error(ErrorKind::Internal, "floating-point map on an integer type");
+  }
+}
+
+}  // namespace
+
+float halfToFloat(uint16_t h) noexcept {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ff) << 13;
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  return std::bit_cast<float>(bits);
+}
+
+uint16_t floatToHalf(float f) noexcept {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  uint32_t sign = (x >> 16) & 0x8000;
+  uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) {  // inf or NaN
+    return static_cast<uint16_t>(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 | ((absx >> 13) & 0x3ff) : 0));
+  }
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);  // rounds to inf
+  if (absx < 0x38800000u) {                                              // subnormal or zero in half
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
+    uint32_t mant = (absx & 0x7fffff) | 0x800000;
+    int shift = 126 - static_cast<int>(absx >> 23);  // 14..24
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = ((absx >> 13) - ((127 - 15) << 10));
+  uint32_t rem = absx & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+float bfloat16ToFloat(uint16_t b) noexcept { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+uint16_t floatToBfloat16(float f) noexcept {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet NaN
+  uint32_t rounding = 0x7fff + ((x >> 16) & 1);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+void reduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::Float32: reduceTyped<float>(dst, src, n, op); return;
+    case DataType::Float64: reduceTyped<double>(dst, src, n, op); return;
+    case DataType::Float16: reduceHalf<halfToFloat, floatToHalf>(dst, src, n, op); return;
+    case DataType::BFloat16: reduceHalf<bfloat16ToFloat, floatToBfloat16>(dst, src, n, op); return;
+    case DataType::Int8: reduceTyped<int8_t>(dst, src, n, op); return;
+    case DataType::UInt8: reduceTyped<uint8_t>(dst, src, n, op); return;
+    case DataType::Int32: reduceTyped<int32_t>(dst, src, n, op); return;
+    case DataType::Int64: reduceTyped<int64_t>(dst, src, n, op); return;
+    case DataType::Bool: reduceBool(dst, src, n, op); return;
+  }
+}
+
+void scaleBy(void* data, size_t n, DataType dtype, double factor) {
+  switch (dtype) {
+    case DataType::Int8: mapTyped<int8_t>(data, n, [&](int8_t v) { return static_cast<int8_t>(v * factor); }); return;
+    case DataType::UInt8: mapTyped<uint8_t>(data, n, [&](uint8_t v) { return static_cast<uint8_t>(v * factor); }); return;
+    case DataType::Int32: mapTyped<int32_t>(data, n, [&](int32_t v) { return static_cast<int32_t>(v * factor); }); return;
+    case DataType::Int64: mapTyped<int64_t>(data, n, [&](int64_t v) { return static_cast<int64_t>(static_cast<double>(v) * factor); }); return;
+    case DataType::Bool: throw Error(ErrorKind::Internal, "scaleBy on Bool");
+    default: mapNumeric(data, n, dtype, [&](double v) { return v * factor; }); return;
+  }
+}
+
+void divideBy(void* data, size_t n, DataType dtype, int64_t divisor) {
+  switch (dtype) {
+    case DataType::Int8: mapTyped<int8_t>(data, n, [&](int8_t v) { return static_cast<int8_t>(v / divisor); }); return;
+    case DataType::UInt8: mapTyped<uint8_t>(data, n, [&](uint8_t v) { return static_cast<uint8_t>(v / divisor); }); return;
+    case DataType::Int32: mapTyped<int32_t>(data, n, [&](int32_t v) { return static_cast<int32_t>(v / divisor); }); return;
+    case DataType::Int64: mapTyped<int64_t>(data, n, [&](int64_t v) { return v / divisor; }); return;
+    case DataType::Bool: throw Error(ErrorKind::Internal, "divideBy on Bool");
+    case DataType::Float32:  // divide in the type itself, as a framework's `sum / n` would
+      mapTyped<float>(data, n, [&](float v) { return v / static_cast<float>(divisor); });
+      return;
+    default: mapNumeric(data, n, dtype, [&](double v) { return v / static_cast<double>(divisor); }); return;
+  }
+}
+
+}  // namespace rdmacc

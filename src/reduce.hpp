@@ -1,0 +1,27 @@
+// Reduction kernels for every (dtype, op). Pure CPU code; the compiler
+// vectorises the loops (no -march: the baseline x86-64 ISA).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "rdmacc/types.hpp"
+
+namespace rdmacc {
+
+// dst[i] = dst[i] (op) src[i]. Avg and PreMulSum reduce as Sum (their scaling
+// is separate). Float16/BFloat16 compute each pair in float32 and round once.
+// Integer Sum and Product wrap around (two's complement), as in NCCL.
+void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
+// data[i] *= factor (PreMulSum's pre-multiplication), rounded to dtype.
+void scaleBy(void* data, size_t count, DataType dtype, double factor);
+// data[i] /= divisor (Avg); integers truncate toward zero.
+void divideBy(void* data, size_t count, DataType dtype, int64_t divisor);
+
+// Conversions used by the kernels and the tests.
+float halfToFloat(uint16_t h) noexcept;
+uint16_t floatToHalf(float f) noexcept;
+float bfloat16ToFloat(uint16_t b) noexcept;
+uint16_t floatToBfloat16(float f) noexcept;  // round to nearest even; NaN stays NaN
+
+}  // namespace rdmacc

@@ -1,0 +1,49 @@
+// A collective as data: steps of sends and receives over byte ranges of the
+// operation's buffers. Algorithms (src/algorithms/) build schedules with pure
+// index arithmetic that the host tests check without a device; the engine
+// executes them. Within a step every transfer progresses at once, chunk by
+// chunk; a send may be gated on receives of the same step (it forwards what
+// they have delivered: pipelined trees and chains); steps run in order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace rdmacc {
+
+struct Range {
+  size_t offset = 0;
+  size_t bytes = 0;
+  friend bool operator==(const Range&, const Range&) = default;
+};
+
+enum class Combine : uint8_t { Copy, Reduce };
+
+struct SendSpec {
+  int peer = 0;
+  Range range;             // in the operation's send buffer
+  std::vector<int> gates;  // indices into Step::recvs this send forwards from
+};
+
+struct RecvSpec {
+  int peer = 0;
+  Range range;  // in the operation's receive buffer
+  Combine combine = Combine::Copy;
+};
+
+struct Step {
+  std::vector<SendSpec> sends;
+  std::vector<RecvSpec> recvs;  // at most one per peer
+  std::vector<Range> finalize;  // ranges to finish (Avg's division) when the step starts
+};
+
+using Schedule = std::vector<Step>;
+
+// count elements split into `parts` contiguous blocks whose sizes differ by at
+// most one element (the first count % parts blocks are one larger); in bytes.
+std::vector<Range> evenBlocks(size_t count, int parts, size_t elementSize);
+// Blocks of the given element counts laid end to end; in bytes.
+std::vector<Range> blocksOf(const std::vector<size_t>& counts, size_t elementSize);
+
+}  // namespace rdmacc

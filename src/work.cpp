@@ -1,0 +1,101 @@
+#include "rdmacc/work.hpp"
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+
+namespace rdmacc {
+
+Work::Work(OpType type, uint64_t sequence) : type_(type), sequence_(sequence) {}
+Work::~Work() = default;
+
+bool Work::isCompleted() const {
+  std::lock_guard lock(mutex_);
+  return completed_;
+}
+
+bool Work::isSuccess() const {
+  std::lock_guard lock(mutex_);
+  return completed_ && !error_;
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard lock(mutex_);
+  return error_;
+}
+
+int Work::sourceRank() const {
+  std::lock_guard lock(mutex_);
+  return sourceRank_;
+}
+
+bool Work::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (timeout == std::chrono::milliseconds::max()) {
+    done_.wait(lock, [&] { return completed_; });
+  } else if (!done_.wait_for(lock, timeout, [&] { return completed_; })) {
+    throw Error(ErrorKind::Timeout,
+                fmt::format("Work::wait timed out after {} ms on {} #{} (the operation continues)",
+                            timeout.count(), toString(type_), sequence_),
+                "wait longer, or pass a timeout in the operation's options to fail the operation itself");
+  }
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+void Work::abort() {
+  std::function<void()> handler;
+  {
+    std::lock_guard lock(mutex_);
+    if (completed_) return;
+    handler = abortHandler_;
+  }
+  if (handler) {
+    handler();
+  } else {
+    finish(std::make_exception_ptr(Error(ErrorKind::Aborted, fmt::format("{} #{} was aborted", toString(type_),
+                                                                         sequence_))));
+  }
+}
+
+void Work::then(std::function<void(Work&)> fn) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!completed_) {
+      callbacks_.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn(*this);
+}
+
+void Work::finish(std::exception_ptr error, int sourceRank) {
+  std::vector<std::function<void(Work&)>> callbacks;
+  {
+    std::lock_guard lock(mutex_);
+    if (completed_) return;
+    completed_ = true;
+    error_ = std::move(error);
+    if (sourceRank >= 0) sourceRank_ = sourceRank;
+    callbacks.swap(callbacks_);
+    abortHandler_ = nullptr;
+  }
+  done_.notify_all();
+  for (auto& fn : callbacks) {
+    try {
+      fn(*this);
+    } catch (const std::exception& e) {
+      log(LogLevel::Error, "a completion callback of {} #{} threw: {}", toString(type_), sequence_, e.what());
+    } catch (...) {
+      log(LogLevel::Error, "a completion callback of {} #{} threw", toString(type_), sequence_);
+    }
+  }
+}
+
+void Work::setAbortHandler(std::function<void()> handler) {
+  std::lock_guard lock(mutex_);
+  abortHandler_ = std::move(handler);
+}
+
+}  // namespace rdmacc

@@ -1,0 +1,575 @@
+// Every collective on a real verbs device, compared element by element with a
+// reference computed on the host. Run under `rdmacc-run -n N`: one long-lived
+// group per world size runs every case (the VM is slow; groups are not cheap).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "rdmacc/backend.hpp"
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+#include "src/reduce.hpp"
+
+namespace rdmacc {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::shared_ptr<VerbsBackend> gBackend;
+int R = 0, N = 1;
+
+const std::vector<DataType> kTypes = {DataType::Float32, DataType::Float64, DataType::Float16,
+                                      DataType::BFloat16, DataType::Int8,    DataType::UInt8,
+                                      DataType::Int32,    DataType::Int64,   DataType::Bool};
+const std::vector<ReduceOp> kOps = {ReduceOp::Sum, ReduceOp::Avg,  ReduceOp::Product, ReduceOp::Min,      ReduceOp::Max,
+                                    ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor,    ReduceOp::PreMulSum};
+const std::vector<size_t> kSizes = {0, 1, 7, 4099};
+constexpr double kFactor = 0.5;
+
+// A host buffer of one dtype holding small integer values, so that every
+// reduction is exact in every type and order.
+struct Buffer {
+  DataType dtype;
+  std::vector<uint8_t> bytes;
+  Buffer(DataType t, size_t n) : dtype(t), bytes(n * elementSize(t) + 1) {}
+  size_t numel() const { return (bytes.size() - 1) / elementSize(dtype); }
+  Tensor tensor() { return Tensor{bytes.data(), numel(), dtype}; }
+  Tensor slice(size_t first, size_t n) { return Tensor{bytes.data() + first * elementSize(dtype), n, dtype}; }
+
+  double get(size_t i) const {
+    const uint8_t* p = bytes.data() + i * elementSize(dtype);
+    switch (dtype) {
+      case DataType::Float32: { float v; std::memcpy(&v, p, 4); return v; }
+      case DataType::Float64: { double v; std::memcpy(&v, p, 8); return v; }
+      case DataType::Float16: { uint16_t v; std::memcpy(&v, p, 2); return halfToFloat(v); }
+      case DataType::BFloat16: { uint16_t v; std::memcpy(&v, p, 2); return bfloat16ToFloat(v); }
+      case DataType::Int8: return static_cast<int8_t>(*p);
+      case DataType::UInt8: return *p;
+      case DataType::Int32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+      case DataType::Int64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+      case DataType::Bool: return *p;
+    }
+    return 0;
+  }
+  void set(size_t i, double v) {
+    uint8_t* p = bytes.data() + i * elementSize(dtype);
+    switch (dtype) {
+      case DataType::Float32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
+      case DataType::Float64: std::memcpy(p, &v, 8); break;
+      case DataType::Float16: { uint16_t h = floatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+      case DataType::BFloat16: { uint16_t h = floatToBfloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+      case DataType::Int8: *p = static_cast<uint8_t>(static_cast<int8_t>(v)); break;
+      case DataType::UInt8: *p = static_cast<uint8_t>(v); break;
+      case DataType::Int32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+      case DataType::Int64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+      case DataType::Bool: *p = v != 0; break;
+    }
+  }
+};
+
+// The value rank r contributes at element i of case c.
+double value(DataType t, ReduceOp op, int r, size_t i, int c) {
+  uint64_t h = (static_cast<uint64_t>(r) + 1) * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull ^
+               static_cast<uint64_t>(c) * 0x94d049bb133111ebull;
+  h ^= h >> 29;
+  if (t == DataType::Bool) return static_cast<double>(h & 1);
+  bool unsignedType = t == DataType::UInt8;
+  if (op == ReduceOp::Product) {  // |product| <= 2^8: exact everywhere
+    static const double kVals[] = {1, 2, -1, 1, -2, 1, 1, 2};
+    double v = kVals[h % 8];
+    return unsignedType ? std::abs(v) : v;
+  }
+  if (op == ReduceOp::BAnd || op == ReduceOp::BOr || op == ReduceOp::BXor) return static_cast<double>(h % 128);
+  double v = static_cast<double>(h % 17) - 8;  // -8..8: sums of 8 ranks stay exact
+  return unsignedType ? v + 8 : v;
+}
+
+// The element a reduction must produce, computed with plain double/int64 math.
+double expected(DataType t, ReduceOp op, size_t i, int c) {
+  auto contribution = [&](int r) {
+    double v = value(t, op, r, i, c);
+    if (op == ReduceOp::PreMulSum) {
+      Buffer b(t, 1);
+      b.set(0, v * kFactor);  // rounded (or truncated) to the type, as the backend does
+      v = b.get(0);
+    }
+    return v;
+  };
+  double acc = contribution(0);
+  for (int r = 1; r < N; ++r) {
+    double v = contribution(r);
+    int64_t a = static_cast<int64_t>(acc), b = static_cast<int64_t>(v);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg:
+      case ReduceOp::PreMulSum: acc = t == DataType::Bool ? double((a | b) != 0) : acc + v; break;
+      case ReduceOp::Product: acc = t == DataType::Bool ? double(a && b) : acc * v; break;
+      case ReduceOp::Min: acc = std::min(acc, v); break;
+      case ReduceOp::Max: acc = std::max(acc, v); break;
+      case ReduceOp::BAnd: acc = static_cast<double>(a & b); break;
+      case ReduceOp::BOr: acc = static_cast<double>(a | b); break;
+      case ReduceOp::BXor: acc = static_cast<double>(t == DataType::Bool ? (a != b) : (a ^ b)); break;
+    }
+  }
+  if (op == ReduceOp::Avg) {
+    if (isFloatingPoint(t)) {
+      Buffer b(t, 1);
+      b.set(0, acc);
+      acc = b.get(0);
+      if (t == DataType::Float32) return static_cast<float>(acc) / static_cast<float>(N);
+      b.set(0, acc / N);
+      return b.get(0);
+    }
+    return static_cast<double>(static_cast<int64_t>(acc) / N);
+  }
+  return acc;
+}
+
+Buffer contribution(DataType t, ReduceOp op, size_t n, int r, int c) {
+  Buffer b(t, n);
+  for (size_t i = 0; i < n; ++i) b.set(i, value(t, op, r, i, c));
+  return b;
+}
+
+void expectReduced(const Buffer& got, ReduceOp op, size_t first, size_t n, int c, const std::string& what) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double want = expected(got.dtype, op, first + i, c);
+    Buffer w(got.dtype, 1);
+    w.set(0, want);
+    if (got.get(i) != w.get(0)) {
+      if (++bad <= 3) ADD_FAILURE() << what << ": element " << first + i << " is " << got.get(i) << ", want " << w.get(0);
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+void expectValues(const Buffer& got, DataType t, int fromRank, size_t first, size_t n, int c, const std::string& what) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Buffer w(t, 1);
+    w.set(0, value(t, ReduceOp::Sum, fromRank, first + i, c));
+    if (got.get(i) != w.get(0) && ++bad <= 3) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got.get(i) << ", want " << w.get(0);
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+std::string name(DataType t, ReduceOp op, size_t n, Algorithm a) {
+  return fmt::format("{} {} n={} {} (rank {}/{})", toString(t), toString(op), n, toString(a), R, N);
+}
+
+// -------------------------------------------------------------- allreduce --
+
+TEST(Collectives, AllreduceEveryTypeOpSizeAndAlgorithm) {
+  int c = 0;
+  for (DataType t : kTypes) {
+    for (ReduceOp op : kOps) {
+      if (!supports(op, t)) continue;
+      for (size_t n : kSizes) {
+        for (Algorithm a : {Algorithm::Ring, Algorithm::Tree}) {
+          ++c;
+          Buffer b = contribution(t, op, n, R, c);
+          std::vector<Tensor> ts{b.tensor()};
+          gBackend->allreduce(ts, AllreduceOptions{.reduceOp = op, .preMulFactor = kFactor, .algorithm = a})->wait();
+          expectReduced(b, op, 0, n, c, "allreduce " + name(t, op, n, a));
+        }
+      }
+    }
+  }
+}
+
+TEST(Collectives, AllreduceLargerThanEveryChunkAndAuto) {
+  for (size_t n : {gBackend->chunkBytes() / 4 * 5 + 3, size_t{33333}}) {
+    for (Algorithm a : {Algorithm::Auto, Algorithm::Ring, Algorithm::Tree}) {
+      Buffer b = contribution(DataType::Float32, ReduceOp::Sum, n, R, 7);
+      std::vector<Tensor> ts{b.tensor()};
+      gBackend->allreduce(ts, AllreduceOptions{.algorithm = a})->wait();
+      expectReduced(b, ReduceOp::Sum, 0, n, 7, "large allreduce " + name(DataType::Float32, ReduceOp::Sum, n, a));
+    }
+  }
+}
+
+TEST(Collectives, AllreduceCoalesced) {
+  std::vector<Buffer> bufs;
+  for (size_t n : {size_t{5}, size_t{0}, size_t{3000}, size_t{1}}) bufs.push_back(contribution(DataType::Int32, ReduceOp::Max, n, R, 11));
+  std::vector<Tensor> ts;
+  for (auto& b : bufs) ts.push_back(b.tensor());
+  gBackend->allreduce_coalesced(ts, AllreduceCoalescedOptions{{.reduceOp = ReduceOp::Max}})->wait();
+  // Each tensor is a slice of the concatenation: element indices continue.
+  size_t first = 0;
+  for (auto& b : bufs) {
+    Buffer want = contribution(DataType::Int32, ReduceOp::Max, first + b.numel(), R, 11);
+    for (size_t i = 0; i < b.numel(); ++i) {
+      // Contributions were generated per tensor from index 0: compare against that.
+      (void)want;
+    }
+    expectReduced(b, ReduceOp::Max, 0, b.numel(), 11, "allreduce_coalesced");
+    first += b.numel();
+  }
+}
+
+// -------------------------------------------------------- broadcast/reduce --
+
+TEST(Collectives, BroadcastEveryTypeRootAndAlgorithm) {
+  int c = 100;
+  for (DataType t : kTypes) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
+      for (int root : {0, N - 1}) {
+        for (Algorithm a : {Algorithm::Ring, Algorithm::Tree}) {
+          ++c;
+          Buffer b = R == root ? contribution(t, ReduceOp::Sum, n, root, c) : Buffer(t, n);
+          std::vector<Tensor> ts{b.tensor()};
+          gBackend->broadcast(ts, BroadcastOptions{.rootRank = root, .algorithm = a})->wait();
+          expectValues(b, t, root, 0, n, c, "broadcast " + name(t, ReduceOp::Sum, n, a));
+        }
+      }
+    }
+  }
+}
+
+TEST(Collectives, ReduceEveryTypeOpAndRoot) {
+  int c = 1000;
+  for (DataType t : kTypes) {
+    for (ReduceOp op : kOps) {
+      if (!supports(op, t)) continue;
+      for (size_t n : {size_t{0}, size_t{7}, size_t{4099}}) {
+        for (int root : {0, N - 1}) {
+          ++c;
+          Buffer b = contribution(t, op, n, R, c);
+          Buffer before = b;
+          std::vector<Tensor> ts{b.tensor()};
+          gBackend->reduce(ts, ReduceOptions{.reduceOp = op, .preMulFactor = kFactor, .rootRank = root})->wait();
+          if (R == root) {
+            expectReduced(b, op, 0, n, c, fmt::format("reduce root {} {}", root, name(t, op, n, Algorithm::Tree)));
+          } else {
+            EXPECT_EQ(b.bytes, before.bytes) << "reduce changed a non-root input";
+          }
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------ allgather & friends --
+
+TEST(Collectives, AllgatherBaseInAndOutOfPlace) {
+  int c = 2000;
+  for (DataType t : kTypes) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
+      ++c;
+      Buffer in = contribution(t, ReduceOp::Sum, n, R, c);
+      Buffer out(t, n * static_cast<size_t>(N));
+      Tensor input = in.tensor(), output = out.tensor();
+      gBackend->_allgather_base(output, input)->wait();
+      for (int r = 0; r < N; ++r) {
+        Buffer part(t, n);
+        std::memcpy(part.bytes.data(), out.bytes.data() + static_cast<size_t>(r) * n * elementSize(t), n * elementSize(t));
+        expectValues(part, t, r, 0, n, c, fmt::format("_allgather_base out of place {} block {}", toString(t), r));
+      }
+      // In place: the input is this rank's block of the output.
+      Buffer inplace(t, n * static_cast<size_t>(N));
+      for (size_t i = 0; i < n; ++i) inplace.set(static_cast<size_t>(R) * n + i, value(t, ReduceOp::Sum, R, i, c));
+      Tensor whole = inplace.tensor(), mine = inplace.slice(static_cast<size_t>(R) * n, n);
+      gBackend->_allgather_base(whole, mine)->wait();
+      EXPECT_EQ(inplace.bytes, out.bytes) << "in-place _allgather_base " << toString(t) << " n=" << n;
+    }
+  }
+}
+
+TEST(Collectives, AllgatherListsAndCoalesced) {
+  for (size_t n : {size_t{0}, size_t{3}, size_t{4099}}) {
+    Buffer in = contribution(DataType::Float64, ReduceOp::Sum, n, R, 3000);
+    std::vector<Buffer> outs(static_cast<size_t>(N), Buffer(DataType::Float64, n));
+    std::vector<std::vector<Tensor>> outputs(1);
+    for (auto& o : outs) outputs[0].push_back(o.tensor());
+    std::vector<Tensor> inputs{in.tensor()};
+    gBackend->allgather(outputs, inputs)->wait();
+    for (int r = 0; r < N; ++r) expectValues(outs[static_cast<size_t>(r)], DataType::Float64, r, 0, n, 3000, "allgather");
+  }
+  // Two tensors of different dtypes per rank.
+  Buffer a = contribution(DataType::Int8, ReduceOp::Sum, 5, R, 3001), b = contribution(DataType::Float32, ReduceOp::Sum, 1234, R, 3002);
+  std::vector<Tensor> inputs{a.tensor(), b.tensor()};
+  std::vector<std::vector<Buffer>> outs;
+  std::vector<std::vector<Tensor>> lists;
+  for (int r = 0; r < N; ++r) {
+    outs.push_back({Buffer(DataType::Int8, 5), Buffer(DataType::Float32, 1234)});
+  }
+  for (auto& o : outs) lists.push_back({o[0].tensor(), o[1].tensor()});
+  gBackend->allgather_coalesced(lists, inputs)->wait();
+  for (int r = 0; r < N; ++r) {
+    expectValues(outs[static_cast<size_t>(r)][0], DataType::Int8, r, 0, 5, 3001, "allgather_coalesced int8");
+    expectValues(outs[static_cast<size_t>(r)][1], DataType::Float32, r, 0, 1234, 3002, "allgather_coalesced float32");
+  }
+}
+
+TEST(Collectives, GatherAndScatterAtEveryRoot) {
+  for (int root = 0; root < N; ++root) {
+    for (size_t n : {size_t{0}, size_t{7}, size_t{4099}}) {
+      int c = 4000 + root * 10 + static_cast<int>(n % 10);
+      Buffer in = contribution(DataType::Int64, ReduceOp::Sum, n, R, c);
+      std::vector<Tensor> inputs{in.tensor()};
+      std::vector<Buffer> outs;
+      std::vector<std::vector<Tensor>> outputs;
+      if (R == root) {
+        outs.assign(static_cast<size_t>(N), Buffer(DataType::Int64, n));
+        outputs.emplace_back();
+        for (auto& o : outs) outputs[0].push_back(o.tensor());
+      }
+      gBackend->gather(outputs, inputs, GatherOptions{.rootRank = root})->wait();
+      if (R == root) {
+        for (int r = 0; r < N; ++r) expectValues(outs[static_cast<size_t>(r)], DataType::Int64, r, 0, n, c, "gather");
+      }
+      // Scatter: the root sends block r to rank r (values as if from rank r).
+      std::vector<Buffer> ins;
+      std::vector<std::vector<Tensor>> scatterInputs;
+      if (R == root) {
+        scatterInputs.emplace_back();
+        for (int r = 0; r < N; ++r) ins.push_back(contribution(DataType::Int64, ReduceOp::Sum, n, r, c + 1));
+        for (auto& i : ins) scatterInputs[0].push_back(i.tensor());
+      }
+      Buffer out(DataType::Int64, n);
+      std::vector<Tensor> scatterOutputs{out.tensor()};
+      gBackend->scatter(scatterOutputs, scatterInputs, ScatterOptions{.rootRank = root})->wait();
+      expectValues(out, DataType::Int64, R, 0, n, c + 1, "scatter");
+    }
+  }
+}
+
+// --------------------------------------------------------- reduce_scatter --
+
+TEST(Collectives, ReduceScatterEveryTypeAndOp) {
+  int c = 5000;
+  for (DataType t : kTypes) {
+    for (ReduceOp op : kOps) {
+      if (!supports(op, t)) continue;
+      for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1031}}) {
+        ++c;
+        size_t total = n * static_cast<size_t>(N);
+        Buffer in = contribution(t, op, total, R, c);
+        Buffer out(t, n);
+        Tensor input = in.tensor(), output = out.tensor();
+        gBackend->_reduce_scatter_base(output, input, ReduceScatterOptions{.reduceOp = op, .preMulFactor = kFactor})->wait();
+        expectReduced(out, op, static_cast<size_t>(R) * n, n, c, "_reduce_scatter_base " + name(t, op, n, Algorithm::Ring));
+        // The list form.
+        std::vector<Buffer> parts;
+        for (int r = 0; r < N; ++r) {
+          Buffer p(t, n);
+          std::memcpy(p.bytes.data(), in.bytes.data() + static_cast<size_t>(r) * n * elementSize(t), n * elementSize(t));
+          parts.push_back(std::move(p));
+        }
+        std::vector<std::vector<Tensor>> inputs(1);
+        for (auto& p : parts) inputs[0].push_back(p.tensor());
+        Buffer out2(t, n);
+        std::vector<Tensor> outputs{out2.tensor()};
+        gBackend->reduce_scatter(outputs, inputs, ReduceScatterOptions{.reduceOp = op, .preMulFactor = kFactor})->wait();
+        EXPECT_EQ(out2.bytes, out.bytes) << "reduce_scatter list form " << name(t, op, n, Algorithm::Ring);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- alltoall --
+
+TEST(Collectives, AlltoallEvenAndUnevenSplits) {
+  // Element j of the block rank r sends to rank p is value(r, p*1000 + j).
+  auto run = [&](std::function<size_t(int from, int to)> count, const std::string& what) {
+    std::vector<int64_t> inSplits, outSplits;
+    size_t inTotal = 0, outTotal = 0;
+    for (int p = 0; p < N; ++p) {
+      inSplits.push_back(static_cast<int64_t>(count(R, p)));
+      outSplits.push_back(static_cast<int64_t>(count(p, R)));
+      inTotal += count(R, p);
+      outTotal += count(p, R);
+    }
+    Buffer in(DataType::Int32, inTotal), out(DataType::Int32, outTotal);
+    size_t at = 0;
+    for (int p = 0; p < N; ++p) {
+      for (size_t j = 0; j < count(R, p); ++j) in.set(at++, value(DataType::Int32, ReduceOp::Sum, R, static_cast<size_t>(p) * 1000 + j, 6000));
+    }
+    Tensor input = in.tensor(), output = out.tensor();
+    gBackend->alltoall_base(output, input, outSplits, inSplits)->wait();
+    at = 0;
+    for (int p = 0; p < N; ++p) {
+      for (size_t j = 0; j < count(p, R); ++j) {
+        double want = value(DataType::Int32, ReduceOp::Sum, p, static_cast<size_t>(R) * 1000 + j, 6000);
+        if (out.get(at) != want) {
+          ADD_FAILURE() << what << ": from rank " << p << " element " << j << " is " << out.get(at) << ", want " << want;
+          return;
+        }
+        ++at;
+      }
+    }
+  };
+  run([](int, int) { return size_t{5}; }, "alltoall_base even");
+  run([](int from, int to) { return static_cast<size_t>((from * 3 + to * 7) % 5) * 300; }, "alltoall_base uneven");
+  run([](int, int) { return size_t{0}; }, "alltoall_base empty");
+  // The list form.
+  std::vector<Buffer> ins, outs;
+  for (int p = 0; p < N; ++p) {
+    ins.push_back(contribution(DataType::Float16, ReduceOp::Sum, static_cast<size_t>(p + 1), R, 6100 + p));
+    outs.emplace_back(DataType::Float16, static_cast<size_t>(R + 1));
+  }
+  std::vector<Tensor> inputs, outputs;
+  for (auto& b : ins) inputs.push_back(b.tensor());
+  for (auto& b : outs) outputs.push_back(b.tensor());
+  gBackend->alltoall(outputs, inputs)->wait();
+  for (int p = 0; p < N; ++p) expectValues(outs[static_cast<size_t>(p)], DataType::Float16, p, 0, static_cast<size_t>(R + 1), 6100 + R, "alltoall");
+}
+
+// ---------------------------------------------------------- point to point --
+
+TEST(PointToPoint, SendRecvWithTagsInAnyOrder) {
+  if (N < 2) GTEST_SKIP() << "needs two ranks";
+  int right = (R + 1) % N, left = (R + N - 1) % N;
+  // Two messages to the right with tags 1 and 2; receive them in reverse order.
+  Buffer a = contribution(DataType::Float32, ReduceOp::Sum, 7, R, 7001);
+  Buffer b = contribution(DataType::Float32, ReduceOp::Sum, 5000, R, 7002);
+  Buffer ra(DataType::Float32, 7), rb(DataType::Float32, 5000);
+  std::vector<Tensor> ta{a.tensor()}, tb{b.tensor()}, tra{ra.tensor()}, trb{rb.tensor()};
+  auto recv2 = gBackend->recv(trb, left, 2);
+  auto recv1 = gBackend->recv(tra, left, 1);
+  auto send1 = gBackend->send(ta, right, 1);
+  auto send2 = gBackend->send(tb, right, 2);
+  send1->wait();
+  send2->wait();
+  recv1->wait();
+  recv2->wait();
+  EXPECT_EQ(recv1->sourceRank(), left);
+  expectValues(ra, DataType::Float32, left, 0, 7, 7001, "recv tag 1");
+  expectValues(rb, DataType::Float32, left, 0, 5000, 7002, "recv tag 2");
+  // Zero-length messages.
+  Buffer z(DataType::Int8, 0), rz(DataType::Int8, 0);
+  std::vector<Tensor> tz{z.tensor()}, trz{rz.tensor()};
+  auto r0 = gBackend->recv(trz, left, 9);
+  gBackend->send(tz, right, 9)->wait();
+  r0->wait();
+}
+
+TEST(PointToPoint, RecvAnysourceReportsTheSource) {
+  if (N < 2) GTEST_SKIP() << "needs two ranks";
+  // Everyone else sends its rank to rank 0.
+  if (R == 0) {
+    std::vector<int> seen;
+    for (int i = 1; i < N; ++i) {
+      Buffer got(DataType::Int32, 3);
+      std::vector<Tensor> t{got.tensor()};
+      auto w = gBackend->recvAnysource(t, 77);
+      w->wait();
+      int src = w->sourceRank();
+      ASSERT_GE(src, 1);
+      expectValues(got, DataType::Int32, src, 0, 3, 7100, "recvAnysource");
+      seen.push_back(src);
+    }
+    std::sort(seen.begin(), seen.end());
+    for (int i = 1; i < N; ++i) EXPECT_EQ(seen[static_cast<size_t>(i - 1)], i);
+  } else {
+    Buffer mine = contribution(DataType::Int32, ReduceOp::Sum, 3, R, 7100);
+    std::vector<Tensor> t{mine.tensor()};
+    gBackend->send(t, 0, 77)->wait();
+  }
+  gBackend->barrier()->wait();
+}
+
+// ----------------------------------------------------- barriers, sequence --
+
+TEST(Collectives, BarrierSequenceAndMonitoredBarrier) {
+  for (int i = 0; i < 5; ++i) gBackend->barrier()->wait();
+  gBackend->setSequenceNumberForGroup();
+  uint64_t before = gBackend->getSequenceNumberForGroup();
+  gBackend->barrier()->wait();
+  EXPECT_EQ(gBackend->getSequenceNumberForGroup(), before + 1);
+  // Every rank must agree on the sequence number: allgather it.
+  Buffer mine(DataType::Int64, 1), all(DataType::Int64, static_cast<size_t>(N));
+  mine.set(0, static_cast<double>(gBackend->getSequenceNumberForGroup()));
+  Tensor in = mine.tensor(), out = all.tensor();
+  gBackend->_allgather_base(out, in)->wait();
+  for (int r = 0; r < N; ++r) EXPECT_EQ(all.get(static_cast<size_t>(r)), mine.get(0));
+  gBackend->monitoredBarrier(BarrierOptions{.timeout = 30s}, true);
+}
+
+TEST(Collectives, WorkCallbacksAndAsyncQueue) {
+  // Many ops in flight at once complete in order; then() runs for each.
+  std::vector<Buffer> bufs;
+  for (int i = 0; i < 20; ++i) bufs.push_back(contribution(DataType::Float32, ReduceOp::Sum, 100 + static_cast<size_t>(i), R, 8000 + i));
+  std::vector<std::shared_ptr<Work>> works;
+  std::atomic<int> callbacks{0};
+  for (auto& b : bufs) {
+    std::vector<Tensor> t{b.tensor()};
+    works.push_back(gBackend->allreduce(t));
+    works.back()->then([&](Work& w) {
+      if (w.isSuccess()) ++callbacks;
+    });
+  }
+  for (auto& w : works) w->wait();
+  EXPECT_EQ(callbacks.load(), 20);
+  for (int i = 0; i < 20; ++i) expectReduced(bufs[static_cast<size_t>(i)], ReduceOp::Sum, 0, bufs[static_cast<size_t>(i)].numel(), 8000 + i, "queued allreduce");
+  EXPECT_TRUE(works.back()->isCompleted());
+}
+
+// ------------------------------------------------------------ bad input --
+
+TEST(Collectives, InvalidCallsThrowOnEveryRankBeforeAnyDataMoves) {
+  auto expectInvalid = [](const std::function<void()>& call, const std::string& fragment) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected " << fragment;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  Buffer f(DataType::Float32, 4), b(DataType::Bool, 4);
+  std::vector<Tensor> tf{f.tensor()}, tb{b.tensor()}, none;
+  expectInvalid([&] { gBackend->allreduce(tf, AllreduceOptions{.reduceOp = ReduceOp::BXor}); }, "bxor is not defined for float32");
+  expectInvalid([&] { gBackend->allreduce(tb, AllreduceOptions{.reduceOp = ReduceOp::Avg}); }, "avg is not defined for bool");
+  expectInvalid([&] { gBackend->allreduce(none); }, "exactly one tensor");
+  expectInvalid([&] { gBackend->broadcast(tf, BroadcastOptions{.rootRank = N}); }, fmt::format("root rank {} is not in [0, {})", N, N));
+  expectInvalid([&] { gBackend->reduce(tf, ReduceOptions{.rootRank = -1}); }, "root rank -1");
+  expectInvalid([&] { gBackend->send(tf, R, 0); }, "is not another rank");
+  expectInvalid([&] { gBackend->recv(tf, 0, -3); }, N > 1 && R != 0 ? "tag -3 is negative" : "");
+  Tensor out = f.tensor(), in = f.tensor();
+  if (N > 1) expectInvalid([&] { gBackend->_allgather_base(out, in); }, "_allgather_base: the output must be");
+  std::vector<int64_t> bad{1}, empty;
+  if (N > 1) expectInvalid([&] { gBackend->alltoall_base(out, in, empty, bad); }, "split sizes");
+  // The group still works afterwards.
+  gBackend->barrier()->wait();
+}
+
+}  // namespace
+}  // namespace rdmacc
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  ::testing::InitGoogleTest(&argc, argv);
+  try {
+    // Small slots so that every size here crosses chunk and credit boundaries.
+    rdmacc::VerbsBackend::Options options;
+    options.groupName = "collectives";
+    options.timeout = std::chrono::seconds(120);
+    options.config = {{"RDMACC_SLOT_BYTES", "1024"}, {"RDMACC_SLOTS_PER_PEER", "4"}};
+    rdmacc::gBackend = rdmacc::initFromEnvironment(options);
+    rdmacc::R = rdmacc::gBackend->getRank();
+    rdmacc::N = rdmacc::gBackend->getSize();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "cannot form the group: {}\n", e.what());
+    return 1;
+  }
+  int rc = RUN_ALL_TESTS();
+  try {
+    rdmacc::gBackend->barrier()->wait();  // nobody tears down while others still talk
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "final barrier: {}\n", e.what());
+    rc = 1;
+  }
+  rdmacc::gBackend.reset();
+  return rc;
+}
