@@ -102,6 +102,7 @@ struct Engine::Impl {
   verbs::MrPtr recvMr;       // after the mesh's PD
   verbs::MrPtr stagingMr;
   std::vector<PeerState> peers;
+  std::vector<bool> dead;  // peers that disconnected
   uint64_t arrivals = 0;
   Clock::time_point lastConnectionCheck{};
 
@@ -204,6 +205,9 @@ struct Engine::Impl {
             static_cast<int>(wc.status), static_cast<int>(wc.opcode));
       }
       if (wc.status != IBV_WC_SUCCESS) {
+        // A departed peer's queue pair fails our pending credits; the
+        // operations that needed the peer were failed when it disconnected.
+        if (dead[static_cast<size_t>(peer)]) continue;
         const char* what = id.kind == WrKind::Recv ? "a receive" : "an RDMA write";
         breakGroup(verbs::completionError(wc, peer, mesh.peerAddress(peer), what));
         continue;
@@ -259,18 +263,48 @@ struct Engine::Impl {
     p.inbox.push_back(in);
   }
 
+  // Whether the operation still has to exchange messages with peer.
+  bool needs(const Active& a, int peer) const {
+    const Operation& op = *a.op;
+    if (op.pointToPoint) return op.peer == peer || (op.peer < 0 && a.source == peer);
+    for (size_t k = a.started ? a.step : 0; k < op.schedule.size(); ++k) {
+      const Step& s = op.schedule[k];
+      for (size_t i = 0; i < s.sends.size(); ++i) {
+        bool done = a.started && k == a.step && a.sentMessages[i] == messages(s.sends[i].range.bytes);
+        if (s.sends[i].peer == peer && !done) return true;
+      }
+      for (size_t j = 0; j < s.recvs.size(); ++j) {
+        bool done = a.started && k == a.step && a.receivedMessages[j] == messages(s.recvs[j].range.bytes);
+        if (s.recvs[j].peer == peer && !done) return true;
+      }
+    }
+    return false;
+  }
+
+  Error peerGone(int peer) const {
+    return Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
+                           .message = fmt::format("rank {} disconnected", peer),
+                           .call = "rdma_get_cm_event",
+                           .status = "RDMA_CM_EVENT_DISCONNECTED",
+                           .peerRank = peer,
+                           .peerAddress = mesh.peerAddress(peer),
+                           .hint = "its process exited or crashed, or destroyed its backend early; see its output"});
+  }
+
+  // A departed peer fails the operations that still need it (and so the
+  // group); operations that are past it finish normally.
   bool pollConnectionEvents() {
     auto gone = mesh.takeDisconnectedPeers();
     for (int peer : gone) {
-      breakGroup(Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
-                                 .message = fmt::format("rank {} disconnected", peer),
-                                 .call = "rdma_get_cm_event",
-                                 .status = "RDMA_CM_EVENT_DISCONNECTED",
-                                 .peerRank = peer,
-                                 .peerAddress = mesh.peerAddress(peer),
-                                 .hint = "its process exited or crashed, or destroyed its backend early; see its "
-                                         "output"}),
-                 false);
+      dead[static_cast<size_t>(peer)] = true;
+      bool needed = false;
+      for (const auto& a : collectives) needed = needed || needs(*a, peer);
+      for (const auto& a : pointToPoint) needed = needed || needs(*a, peer);
+      if (!needed) {
+        log(LogLevel::Info, "rank {} disconnected; operations that involve it will fail", peer);
+        continue;
+      }
+      breakGroup(peerGone(peer), false);
     }
     return !gone.empty();
   }
@@ -326,6 +360,9 @@ struct Engine::Impl {
     Operation& op = *a.op;
     bool progress = false;
     if (!a.started) {
+      for (int peer = 0; peer < size; ++peer) {
+        if (dead[static_cast<size_t>(peer)] && needs(a, peer)) throw peerGone(peer);
+      }
       a.started = true;
       a.deadline = Clock::now() + op.timeout;
       log(LogLevel::Trace, "start {} ({} steps)", op.description, op.schedule.size());
@@ -469,6 +506,7 @@ struct Engine::Impl {
       Active& a = **it;
       Operation& op = *a.op;
       if (!a.started) {
+        if (op.peer >= 0 && dead[static_cast<size_t>(op.peer)]) throw peerGone(op.peer);
         a.started = true;
         a.deadline = Clock::now() + op.timeout;
         if (op.peer >= 0) a.source = op.peer;
@@ -543,7 +581,8 @@ struct Engine::Impl {
   void breakGroup(const Error& error, bool tellPeers = true) {
     if (broken) return;
     broken = error;
-    log(LogLevel::Error, "group '{}' is broken: {}", options.group, error.what());
+    bool pending = !collectives.empty() || !pointToPoint.empty();
+    log(pending ? LogLevel::Error : LogLevel::Info, "group '{}' is broken: {}", options.group, error.what());
     {
       std::lock_guard lock(intakeMutex);
       brokenShared = true;
@@ -552,7 +591,7 @@ struct Engine::Impl {
     if (tellPeers) {
       std::string text = std::string(error.what()).substr(0, chunk);
       for (int peer = 0; peer < size; ++peer) {
-        if (peer == rank) continue;
+        if (peer == rank || dead[static_cast<size_t>(peer)]) continue;
         Header h{.kind = MessageKind::Abort, .payload = static_cast<uint32_t>(text.size())};
         try {
           trySend(peer, h, reinterpret_cast<const uint8_t*>(text.data()));
@@ -667,6 +706,28 @@ struct Engine::Impl {
         log(LogLevel::Error, "progress engine: {}", e.what());
       }
     }
+    drain();
+  }
+
+  // Before the queue pairs go away, let the writes already posted land: a
+  // peer may still be waiting for our last message of a completed operation.
+  void drain() {
+    auto deadline = Clock::now() + std::chrono::seconds(2);
+    auto outstanding = [&] {
+      for (int peer = 0; peer < size; ++peer) {
+        if (peer != rank && !dead[static_cast<size_t>(peer)] && peers[static_cast<size_t>(peer)].sendQueueUsed > 0) {
+          return true;
+        }
+      }
+      return false;
+    };
+    try {
+      while (outstanding() && Clock::now() < deadline) {
+        if (!pollCompletions()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    } catch (const std::exception& e) {
+      log(LogLevel::Debug, "while draining: {}", e.what());
+    }
   }
 };
 
@@ -696,6 +757,7 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options) : impl_(std::mak
             toBytes(fmt::format("{}:{}:{}:{}", reinterpret_cast<uintptr_t>(s.recvRegion.data()), s.recvMr->rkey,
                                 options.slotsPerPeer, options.slotBytes)));
   s.peers.resize(static_cast<size_t>(s.size));
+  s.dead.assign(static_cast<size_t>(s.size), false);
   for (int peer = 0; peer < s.size; ++peer) {
     if (peer == s.rank) continue;
     std::string text = toString(group.get(fmt::format("slots/{}", peer)));

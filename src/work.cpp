@@ -33,8 +33,8 @@ int Work::sourceRank() const {
 bool Work::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   if (timeout == std::chrono::milliseconds::max()) {
-    done_.wait(lock, [&] { return completed_; });
-  } else if (!done_.wait_for(lock, timeout, [&] { return completed_; })) {
+    done_.wait(lock, [&] { return settled_; });
+  } else if (!done_.wait_for(lock, timeout, [&] { return settled_; })) {
     throw Error(ErrorKind::Timeout,
                 fmt::format("Work::wait timed out after {} ms on {} #{} (the operation continues)",
                             timeout.count(), toString(type_), sequence_),
@@ -81,7 +81,15 @@ void Work::finish(std::exception_ptr error, int sourceRank) {
     callbacks.swap(callbacks_);
     abortHandler_ = nullptr;
   }
+  runCallbacks(callbacks);
+  {
+    std::lock_guard lock(mutex_);
+    settled_ = true;
+  }
   done_.notify_all();
+}
+
+void Work::runCallbacks(std::vector<std::function<void(Work&)>>& callbacks) {
   for (auto& fn : callbacks) {
     try {
       fn(*this);

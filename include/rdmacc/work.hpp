@@ -37,7 +37,7 @@ class Work : public std::enable_shared_from_this<Work> {
   std::exception_ptr exception() const;
   // The source of a recvAnysource (the peer for send/recv); -1 before it is known.
   int sourceRank() const;
-  // Waits for completion and rethrows its failure. With a timeout, throws
+  // Waits for completion (and for the callbacks registered before it) and rethrows its failure. With a timeout, throws
   // Error(Timeout) when it passes first (the operation itself keeps its own
   // timeout). Returns true on success.
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
@@ -52,11 +52,14 @@ class Work : public std::enable_shared_from_this<Work> {
   void setAbortHandler(std::function<void()> handler);
 
  private:
+  void runCallbacks(std::vector<std::function<void(Work&)>>& callbacks);
+
   const OpType type_;
   const uint64_t sequence_;
   mutable std::mutex mutex_;
   std::condition_variable done_;
   bool completed_ = false;
+  bool settled_ = false;  // completed and its callbacks have run
   std::exception_ptr error_;
   int sourceRank_ = -1;
   std::vector<std::function<void(Work&)>> callbacks_;
