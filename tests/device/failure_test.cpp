@@ -1,0 +1,110 @@
+// Failures on a real device: every surviving rank learns within the timeout,
+// with the culprit named, and nothing hangs. Run under `rdmacc-run -n 3`.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "rdmacc/backend.hpp"
+#include "rdmacc/error.hpp"
+
+namespace rdmacc {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<VerbsBackend> makeBackend(const std::string& group) {
+  VerbsBackend::Options options;
+  options.groupName = group;
+  options.config = {{"RDMACC_SLOT_BYTES", "4096"}, {"RDMACC_SLOTS_PER_PEER", "4"}};
+  return initFromEnvironment(options);
+}
+
+// Waits for w and returns its error text ("" on success) and how long it took.
+std::pair<std::string, Clock::duration> outcome(const std::shared_ptr<Work>& w, Clock::time_point since) {
+  try {
+    w->wait();
+    return {"", Clock::now() - since};
+  } catch (const Error& e) {
+    return {e.what(), Clock::now() - since};
+  }
+}
+
+TEST(Failure, RankKilledMidAllreduceIsNamedByEverySurvivor) {
+  auto backend = makeBackend("killed");
+  const int rank = backend->getRank(), size = backend->getSize();
+  ASSERT_GE(size, 3);
+  const int victim = size - 1;
+  std::vector<float> data(1 << 18, 1.0f);  // 1 MiB: many chunks, still in flight when the victim dies
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
+  backend->barrier()->wait();
+  auto start = Clock::now();
+  auto w = backend->allreduce(t, AllreduceOptions{.timeout = 20s, .algorithm = Algorithm::Ring});
+  if (rank == victim) {
+    std::this_thread::sleep_for(20ms);
+    std::fflush(stdout);
+    std::_Exit(0);  // no destructors, no goodbye: the kernel tears the connections down, as on a crash
+  }
+  auto [error, took] = outcome(w, start);
+  EXPECT_NE(error, "") << "the allreduce succeeded without rank " << victim;
+  EXPECT_NE(error.find(fmt::format("rank {}", victim)), std::string::npos) << error;
+  EXPECT_LT(took, 20s + 5s) << error;
+  fmt::print("rank {} learned after {} ms: {}\n", rank,
+             std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), error);
+  // Later operations fail at once; the backend is destroyed cleanly afterwards.
+  auto later = outcome(backend->barrier(), Clock::now());
+  EXPECT_NE(later.first, "");
+  EXPECT_LT(later.second, 2s);
+}
+
+TEST(Failure, TimeoutNamesTheOpAndTheAwaitedRank) {
+  auto backend = makeBackend("timeout");
+  const int rank = backend->getRank(), size = backend->getSize();
+  ASSERT_GE(size, 3);
+  const int absent = 1;  // never calls the allreduce
+  std::vector<float> data(1000, 1.0f);
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
+  backend->barrier()->wait();
+  auto start = Clock::now();
+  if (rank == absent) {
+    // It calls the next collective late, and learns that the group broke.
+    std::this_thread::sleep_for(6s);
+    auto [error, took] = outcome(backend->barrier(), start);
+    EXPECT_NE(error, "");
+    EXPECT_NE(error.find("allreduce #2"), std::string::npos) << error;
+    return;
+  }
+  auto [error, took] = outcome(backend->allreduce(t, AllreduceOptions{.timeout = 3s, .algorithm = Algorithm::Ring}),
+                               start);
+  EXPECT_NE(error.find("allreduce #2"), std::string::npos) << error;
+  EXPECT_LT(took, 3s + 5s) << error;
+  if (rank == (absent + 1) % size) {  // its left neighbour in the ring is the absent rank
+    EXPECT_NE(error.find("timed out after 3000 ms, still waiting for rank(s) 1"), std::string::npos) << error;
+  }
+}
+
+TEST(Failure, MismatchedSizesFailEveryRank) {
+  auto backend = makeBackend("mismatch");
+  const int rank = backend->getRank();
+  std::vector<int32_t> data(rank == 0 ? 100 : 150, 1);
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Int32}};
+  auto start = Clock::now();
+  auto [error, took] = outcome(backend->allreduce(t, AllreduceOptions{.timeout = 10s}), start);
+  EXPECT_NE(error, "") << "ranks with different sizes completed an allreduce";
+  EXPECT_LT(took, 10s + 5s) << error;
+  bool named = error.find("same sizes") != std::string::npos || error.find("reported a failure") != std::string::npos;
+  EXPECT_TRUE(named) << error;
+}
+
+}  // namespace
+}  // namespace rdmacc
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
