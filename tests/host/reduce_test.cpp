@@ -1,0 +1,120 @@
+// Reduction kernels: every dtype and op against independently computed values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "src/reduce.hpp"
+
+namespace rdmacc {
+namespace {
+
+template <typename T>
+std::vector<T> reduced(std::vector<T> a, const std::vector<T>& b, DataType t, ReduceOp op) {
+  reduceInto(a.data(), b.data(), a.size(), t, op);
+  return a;
+}
+
+TEST(Reduce, Float32AndFloat64) {
+  std::vector<float> a{1.5f, -2, 3, 0}, b{2, 4, -8, -0.0f};
+  EXPECT_EQ(reduced(a, b, DataType::Float32, ReduceOp::Sum), (std::vector<float>{3.5f, 2, -5, 0}));
+  EXPECT_EQ(reduced(a, b, DataType::Float32, ReduceOp::Product), (std::vector<float>{3, -8, -24, -0.0f}));
+  EXPECT_EQ(reduced(a, b, DataType::Float32, ReduceOp::Min), (std::vector<float>{1.5f, -2, -8, 0}));
+  EXPECT_EQ(reduced(a, b, DataType::Float32, ReduceOp::Max), (std::vector<float>{2, 4, 3, 0}));
+  std::vector<double> c{1e300, 1}, d{1e300, 2};
+  EXPECT_EQ(reduced(c, d, DataType::Float64, ReduceOp::Sum)[1], 3.0);
+  EXPECT_TRUE(std::isinf(reduced(c, d, DataType::Float64, ReduceOp::Product)[0]));
+  // Long arrays take the vectorised path; check a tail that is not a multiple of any vector width.
+  std::vector<float> x(1037), y(1037);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i), y[i] = 0.5f;
+  auto s = reduced(x, y, DataType::Float32, ReduceOp::Sum);
+  for (size_t i = 0; i < s.size(); ++i) ASSERT_EQ(s[i], static_cast<float>(i) + 0.5f);
+}
+
+TEST(Reduce, IntegersWrapLikeTwosComplement) {
+  std::vector<int8_t> a{127, -128, 5, -1}, b{1, -1, -3, -1};
+  EXPECT_EQ(reduced(a, b, DataType::Int8, ReduceOp::Sum), (std::vector<int8_t>{-128, 127, 2, -2}));
+  EXPECT_EQ(reduced(a, b, DataType::Int8, ReduceOp::Product), (std::vector<int8_t>{127, -128, -15, 1}));
+  std::vector<uint8_t> u{250, 3}, v{10, 4};
+  EXPECT_EQ(reduced(u, v, DataType::UInt8, ReduceOp::Sum), (std::vector<uint8_t>{4, 7}));
+  EXPECT_EQ(reduced(u, v, DataType::UInt8, ReduceOp::Min), (std::vector<uint8_t>{10, 3}));
+  std::vector<int32_t> i{0x0f0f, -7}, j{0x00ff, 3};
+  EXPECT_EQ(reduced(i, j, DataType::Int32, ReduceOp::BAnd), (std::vector<int32_t>{0x000f, -7 & 3}));
+  EXPECT_EQ(reduced(i, j, DataType::Int32, ReduceOp::BOr), (std::vector<int32_t>{0x0fff, -7 | 3}));
+  EXPECT_EQ(reduced(i, j, DataType::Int32, ReduceOp::BXor), (std::vector<int32_t>{0x0ff0, -7 ^ 3}));
+  std::vector<int64_t> k{std::numeric_limits<int64_t>::max(), 6}, l{1, -2};
+  EXPECT_EQ(reduced(k, l, DataType::Int64, ReduceOp::Sum)[0], std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(reduced(k, l, DataType::Int64, ReduceOp::Max), (std::vector<int64_t>{std::numeric_limits<int64_t>::max(), 6}));
+}
+
+TEST(Reduce, BoolIsLogical) {
+  std::vector<uint8_t> a{0, 0, 1, 1}, b{0, 1, 0, 1};
+  EXPECT_EQ(reduced(a, b, DataType::Bool, ReduceOp::Sum), (std::vector<uint8_t>{0, 1, 1, 1}));
+  EXPECT_EQ(reduced(a, b, DataType::Bool, ReduceOp::Product), (std::vector<uint8_t>{0, 0, 0, 1}));
+  EXPECT_EQ(reduced(a, b, DataType::Bool, ReduceOp::BXor), (std::vector<uint8_t>{0, 1, 1, 0}));
+  EXPECT_EQ(reduced(a, b, DataType::Bool, ReduceOp::Min), (std::vector<uint8_t>{0, 0, 0, 1}));
+}
+
+TEST(Reduce, HalfAndBfloat16ComputeInFloat) {
+  std::vector<uint16_t> a{floatToHalf(1.5f), floatToHalf(2048), floatToHalf(-3)};
+  std::vector<uint16_t> b{floatToHalf(0.25f), floatToHalf(1), floatToHalf(-4)};
+  auto s = reduced(a, b, DataType::Float16, ReduceOp::Sum);
+  EXPECT_EQ(halfToFloat(s[0]), 1.75f);
+  EXPECT_EQ(halfToFloat(s[1]), 2048.0f);  // 2049 rounds to even in half
+  EXPECT_EQ(halfToFloat(s[2]), -7.0f);
+  auto m = reduced(a, b, DataType::Float16, ReduceOp::Max);
+  EXPECT_EQ(halfToFloat(m[2]), -3.0f);
+  std::vector<uint16_t> c{floatToBfloat16(1.0f), floatToBfloat16(256)}, d{floatToBfloat16(2.0f), floatToBfloat16(1)};
+  auto p = reduced(c, d, DataType::BFloat16, ReduceOp::Product);
+  EXPECT_EQ(bfloat16ToFloat(p[0]), 2.0f);
+  EXPECT_EQ(bfloat16ToFloat(p[1]), 256.0f);
+}
+
+TEST(Reduce, HalfConversionsRoundTripEveryValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = halfToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(halfToFloat(floatToHalf(f))));
+      continue;
+    }
+    ASSERT_EQ(floatToHalf(f), h) << std::hex << h;
+  }
+  EXPECT_EQ(halfToFloat(floatToHalf(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(halfToFloat(floatToHalf(65520.0f))));
+  EXPECT_EQ(halfToFloat(floatToHalf(5.96e-8f)), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(bfloat16ToFloat(floatToBfloat16(1.00390625f)), 1.0f);        // ties to even
+  EXPECT_EQ(bfloat16ToFloat(floatToBfloat16(1.01171875f)), 1.015625f);
+  EXPECT_TRUE(std::isnan(bfloat16ToFloat(floatToBfloat16(std::nanf("")))));
+}
+
+TEST(Reduce, AvgDividesAndIntegersTruncate) {
+  std::vector<int32_t> i{7, -7, 8};
+  divideBy(i.data(), i.size(), DataType::Int32, 2);
+  EXPECT_EQ(i, (std::vector<int32_t>{3, -3, 4}));
+  std::vector<float> f{7, 1};
+  divideBy(f.data(), f.size(), DataType::Float32, 4);
+  EXPECT_EQ(f, (std::vector<float>{1.75f, 0.25f}));
+  std::vector<uint16_t> h{floatToHalf(3)};
+  divideBy(h.data(), 1, DataType::Float16, 2);
+  EXPECT_EQ(halfToFloat(h[0]), 1.5f);
+  std::vector<double> d{3, -1};
+  scaleBy(d.data(), d.size(), DataType::Float64, 0.5);
+  EXPECT_EQ(d, (std::vector<double>{1.5, -0.5}));
+  std::vector<int64_t> l{5, -5};
+  scaleBy(l.data(), l.size(), DataType::Int64, 0.5);
+  EXPECT_EQ(l, (std::vector<int64_t>{2, -2}));
+}
+
+TEST(Reduce, SupportTable) {
+  EXPECT_TRUE(supports(ReduceOp::BXor, DataType::Int8));
+  EXPECT_TRUE(supports(ReduceOp::BAnd, DataType::Bool));
+  EXPECT_FALSE(supports(ReduceOp::BOr, DataType::Float32));
+  EXPECT_FALSE(supports(ReduceOp::BAnd, DataType::BFloat16));
+  EXPECT_FALSE(supports(ReduceOp::Avg, DataType::Bool));
+  EXPECT_TRUE(supports(ReduceOp::Avg, DataType::Int64));
+  EXPECT_TRUE(supports(ReduceOp::PreMulSum, DataType::Float16));
+}
+
+}  // namespace
+}  // namespace rdmacc

@@ -1,0 +1,289 @@
+// The algorithms' index arithmetic, checked without a device: a simulator
+// runs every rank's schedule with in-memory FIFOs per (sender, receiver) and
+// the same step semantics as the engine (gated sends forward whole receives).
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "src/algorithms/algorithms.hpp"
+#include "src/schedule.hpp"
+
+namespace rdmacc {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+struct Rank {
+  Schedule schedule;
+  Bytes sendBuf, recvBuf;
+  bool sameBuffer = true;  // send and receive buffer are one (in-place algorithms)
+  size_t step = 0;
+  std::vector<bool> sent, received;
+  Bytes& send() { return sameBuffer ? recvBuf : sendBuf; }
+};
+
+// Element-wise sum of uint8 (wrapping) stands for any reduction.
+void simulate(std::vector<Rank>& ranks) {
+  const int n = static_cast<int>(ranks.size());
+  std::map<std::pair<int, int>, std::deque<Bytes>> wires;
+  for (auto& r : ranks) {
+    if (!r.schedule.empty()) {
+      r.sent.assign(r.schedule[0].sends.size(), false);
+      r.received.assign(r.schedule[0].recvs.size(), false);
+    }
+    for (const auto& s : r.schedule) {
+      std::set<int> from;
+      for (const auto& recv : s.recvs) ASSERT_TRUE(from.insert(recv.peer).second) << "two receives from one peer in a step";
+    }
+  }
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int me = 0; me < n; ++me) {
+      Rank& r = ranks[static_cast<size_t>(me)];
+      while (r.step < r.schedule.size()) {
+        const Step& s = r.schedule[r.step];
+        for (size_t j = 0; j < s.recvs.size(); ++j) {
+          if (r.received[j]) continue;
+          auto& q = wires[{s.recvs[j].peer, me}];
+          if (q.empty()) continue;
+          Bytes msg = q.front();
+          q.pop_front();
+          ASSERT_EQ(msg.size(), s.recvs[j].range.bytes) << "rank " << me << " step " << r.step;
+          for (size_t b = 0; b < msg.size(); ++b) {
+            uint8_t& dst = r.recvBuf[s.recvs[j].range.offset + b];
+            dst = s.recvs[j].combine == Combine::Copy ? msg[b] : static_cast<uint8_t>(dst + msg[b]);
+          }
+          r.received[j] = true;
+          progress = true;
+        }
+        for (size_t i = 0; i < s.sends.size(); ++i) {
+          if (r.sent[i]) continue;
+          bool ready = true;
+          for (int g : s.sends[i].gates) ready = ready && r.received[static_cast<size_t>(g)];
+          if (!ready) continue;
+          const Range& range = s.sends[i].range;
+          Bytes& src = r.send();
+          wires[{me, s.sends[i].peer}].push_back(Bytes(src.begin() + static_cast<ptrdiff_t>(range.offset),
+                                                       src.begin() + static_cast<ptrdiff_t>(range.offset + range.bytes)));
+          r.sent[i] = true;
+          progress = true;
+        }
+        bool done = std::all_of(r.sent.begin(), r.sent.end(), [](bool b) { return b; }) &&
+                    std::all_of(r.received.begin(), r.received.end(), [](bool b) { return b; });
+        if (!done) break;
+        if (++r.step < r.schedule.size()) {
+          r.sent.assign(r.schedule[r.step].sends.size(), false);
+          r.received.assign(r.schedule[r.step].recvs.size(), false);
+          // finalize ranges are marked by setting the high bit, to check who finalises what
+          for (const Range& f : r.schedule[r.step].finalize) {
+            for (size_t b = 0; b < f.bytes; ++b) r.recvBuf[f.offset + b] |= 0x80;
+          }
+        }
+        progress = true;
+      }
+    }
+  }
+  for (int me = 0; me < n; ++me) {
+    EXPECT_EQ(ranks[static_cast<size_t>(me)].step, ranks[static_cast<size_t>(me)].schedule.size())
+        << "rank " << me << " is stuck (deadlock)";
+  }
+  for (auto& [wire, q] : wires) EXPECT_TRUE(q.empty()) << "unconsumed message " << wire.first << "->" << wire.second;
+}
+
+uint8_t v(int rank, size_t i) { return static_cast<uint8_t>((rank * 7 + i * 3 + 1) % 16); }
+
+class Sizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(Sizes, RingAllreduceSumsEverywhereAndEachBlockHasOneOwner) {
+  const int n = GetParam();
+  for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{17}, size_t{64}}) {
+    std::vector<Rank> ranks(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      auto& x = ranks[static_cast<size_t>(r)];
+      x.schedule = algorithms::ringAllreduce(r, n, evenBlocks(count, n, 1), /*finalize=*/false);
+      x.recvBuf.resize(count);
+      for (size_t i = 0; i < count; ++i) x.recvBuf[i] = v(r, i);
+    }
+    simulate(ranks);
+    for (size_t i = 0; i < count; ++i) {
+      uint8_t want = 0;
+      for (int r = 0; r < n; ++r) want = static_cast<uint8_t>(want + v(r, i));
+      for (int r = 0; r < n; ++r) ASSERT_EQ(ranks[static_cast<size_t>(r)].recvBuf[i], want) << "n=" << n << " count=" << count;
+    }
+    // Finalisation: every block exactly once, by its owner, before it travels.
+    std::vector<int> finalised(count, 0);
+    for (int r = 0; r < n; ++r) {
+      for (const auto& s : algorithms::ringAllreduce(r, n, evenBlocks(count, n, 1), true)) {
+        for (const Range& f : s.finalize) {
+          for (size_t b = 0; b < f.bytes; ++b) ++finalised[f.offset + b];
+        }
+      }
+    }
+    for (size_t i = 0; i < count; ++i) EXPECT_EQ(finalised[i], 1) << "element " << i;
+  }
+}
+
+TEST_P(Sizes, RingReduceScatterLeavesBlockRAtRankR) {
+  const int n = GetParam();
+  const size_t per = 3, count = per * static_cast<size_t>(n);
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  auto blocks = evenBlocks(count, n, 1);
+  for (int r = 0; r < n; ++r) {
+    auto& x = ranks[static_cast<size_t>(r)];
+    x.schedule = algorithms::ringReduceScatter(r, n, blocks, false);
+    x.recvBuf.resize(count);
+    for (size_t i = 0; i < count; ++i) x.recvBuf[i] = v(r, i);
+  }
+  simulate(ranks);
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < per; ++i) {
+      size_t at = static_cast<size_t>(r) * per + i;
+      uint8_t want = 0;
+      for (int q = 0; q < n; ++q) want = static_cast<uint8_t>(want + v(q, at));
+      EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf[at], want);
+    }
+  }
+}
+
+TEST_P(Sizes, RingAllgatherAndPairwiseAlltoall) {
+  const int n = GetParam();
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  auto blocks = evenBlocks(static_cast<size_t>(n) * 2 + 1, n, 1);
+  for (int r = 0; r < n; ++r) {
+    auto& x = ranks[static_cast<size_t>(r)];
+    x.schedule = algorithms::ringAllgather(r, n, blocks);
+    x.recvBuf.assign(static_cast<size_t>(n) * 2 + 1, 0);
+    const Range& mine = blocks[static_cast<size_t>(r)];
+    for (size_t b = 0; b < mine.bytes; ++b) x.recvBuf[mine.offset + b] = v(r, mine.offset + b);
+  }
+  simulate(ranks);
+  for (int r = 0; r < n; ++r) {
+    for (int q = 0; q < n; ++q) {
+      const Range& blk = blocks[static_cast<size_t>(q)];
+      for (size_t b = 0; b < blk.bytes; ++b) EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf[blk.offset + b], v(q, blk.offset + b));
+    }
+  }
+  // Alltoall with uneven blocks: rank r sends (r + p) % 3 bytes to p.
+  std::vector<Rank> a(static_cast<size_t>(n));
+  auto count = [](int from, int to) { return static_cast<size_t>((from + to) % 3); };
+  for (int r = 0; r < n; ++r) {
+    std::vector<size_t> in, out;
+    for (int p = 0; p < n; ++p) in.push_back(count(r, p)), out.push_back(count(p, r));
+    auto& x = a[static_cast<size_t>(r)];
+    x.sameBuffer = false;
+    x.schedule = algorithms::pairwiseAlltoall(r, n, blocksOf(in, 1), blocksOf(out, 1));
+    x.sendBuf.resize(std::accumulate(in.begin(), in.end(), size_t{0}));
+    x.recvBuf.assign(std::accumulate(out.begin(), out.end(), size_t{0}), 0);
+    size_t at = 0;
+    for (int p = 0; p < n; ++p) {
+      for (size_t j = 0; j < in[static_cast<size_t>(p)]; ++j) x.sendBuf[at++] = static_cast<uint8_t>(r * 16 + p);
+    }
+  }
+  simulate(a);
+  for (int r = 0; r < n; ++r) {
+    size_t at = 0;
+    for (int p = 0; p < n; ++p) {
+      for (size_t j = 0; j < count(p, r); ++j, ++at) {
+        if (p != r) {
+          EXPECT_EQ(a[static_cast<size_t>(r)].recvBuf[at], static_cast<uint8_t>(p * 16 + r));
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Sizes, TreesAndChainsFromEveryRoot) {
+  const int n = GetParam();
+  for (int root = 0; root < n; ++root) {
+    for (auto build : {algorithms::treeBroadcast, algorithms::chainBroadcast}) {
+      std::vector<Rank> ranks(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        ranks[static_cast<size_t>(r)].schedule = build(r, n, root, 9);
+        ranks[static_cast<size_t>(r)].recvBuf.assign(9, r == root ? 42 : 0);
+      }
+      simulate(ranks);
+      for (int r = 0; r < n; ++r) EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf, Bytes(9, 42)) << "root " << root;
+    }
+    std::vector<Rank> ranks(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      ranks[static_cast<size_t>(r)].schedule = algorithms::treeReduce(r, n, root, 4);
+      ranks[static_cast<size_t>(r)].recvBuf.assign(4, static_cast<uint8_t>(r + 1));
+    }
+    simulate(ranks);
+    EXPECT_EQ(ranks[static_cast<size_t>(root)].recvBuf, Bytes(4, static_cast<uint8_t>(n * (n + 1) / 2)));
+    // Binomial shape: every rank but the root has one parent that lists it as a child.
+    for (int r = 0; r < n; ++r) {
+      int parent = algorithms::binomialParent(r, n, root);
+      if (r == root) {
+        EXPECT_EQ(parent, -1);
+        continue;
+      }
+      auto kids = algorithms::binomialChildren(parent, n, root);
+      EXPECT_NE(std::find(kids.begin(), kids.end(), r), kids.end());
+    }
+  }
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    ranks[static_cast<size_t>(r)].schedule = algorithms::treeAllreduce(r, n, 6, false);
+    ranks[static_cast<size_t>(r)].recvBuf.assign(6, static_cast<uint8_t>(r + 1));
+  }
+  simulate(ranks);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf, Bytes(6, static_cast<uint8_t>(n * (n + 1) / 2)));
+}
+
+TEST_P(Sizes, LinearGatherScatterAndBarrier) {
+  const int n = GetParam();
+  for (int root : {0, n - 1}) {
+    std::vector<Rank> g(static_cast<size_t>(n)), s(static_cast<size_t>(n));
+    std::vector<Range> blocks;
+    for (int r = 0; r < n; ++r) blocks.push_back(Range{static_cast<size_t>(r) * 2, 2});
+    for (int r = 0; r < n; ++r) {
+      auto& x = g[static_cast<size_t>(r)];
+      x.sameBuffer = false;
+      x.schedule = algorithms::linearGather(r, n, root, Range{0, 2}, blocks);
+      x.sendBuf.assign(2, static_cast<uint8_t>(r + 10));
+      x.recvBuf.assign(static_cast<size_t>(n) * 2, 0);
+      auto& y = s[static_cast<size_t>(r)];
+      y.sameBuffer = false;
+      y.schedule = algorithms::linearScatter(r, n, root, blocks, Range{0, 2});
+      y.sendBuf.resize(static_cast<size_t>(n) * 2);
+      for (size_t i = 0; i < y.sendBuf.size(); ++i) y.sendBuf[i] = static_cast<uint8_t>(i / 2 + 20);
+      y.recvBuf.assign(2, 0);
+    }
+    simulate(g);
+    simulate(s);
+    for (int r = 0; r < n; ++r) {
+      if (r != root) {
+        EXPECT_EQ(g[static_cast<size_t>(root)].recvBuf[static_cast<size_t>(r) * 2], r + 10);
+        EXPECT_EQ(s[static_cast<size_t>(r)].recvBuf, Bytes(2, static_cast<uint8_t>(r + 20)));
+      }
+    }
+  }
+  std::vector<Rank> b(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) b[static_cast<size_t>(r)].schedule = algorithms::disseminationBarrier(r, n);
+  simulate(b);
+  int rounds = 0;
+  for (int d = 1; d < n; d <<= 1) ++rounds;
+  EXPECT_EQ(static_cast<int>(algorithms::disseminationBarrier(0, n).size()), rounds);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Sizes, ::testing::Values(1, 2, 3, 4, 5, 7, 8, 9, 16));
+
+TEST(Blocks, EvenBlocksCoverEverythingOnce) {
+  auto b = evenBlocks(10, 4, 4);
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b[0], (Range{0, 12}));
+  EXPECT_EQ(b[1], (Range{12, 12}));
+  EXPECT_EQ(b[2], (Range{24, 8}));
+  EXPECT_EQ(b[3], (Range{32, 8}));
+  auto z = evenBlocks(2, 5, 8);
+  EXPECT_EQ(z[4], (Range{16, 0}));
+  EXPECT_EQ(blocksOf({3, 0, 2}, 2)[2], (Range{6, 4}));
+}
+
+}  // namespace
+}  // namespace rdmacc
