@@ -18,10 +18,5 @@ void scaleBy(void* data, size_t count, DataType dtype, double factor);
 // data[i] /= divisor (Avg); integers truncate toward zero.
 void divideBy(void* data, size_t count, DataType dtype, int64_t divisor);
 
-// Conversions used by the kernels and the tests.
-float halfToFloat(uint16_t h) noexcept;
-uint16_t floatToHalf(float f) noexcept;
-float bfloat16ToFloat(uint16_t b) noexcept;
-uint16_t floatToBfloat16(float f) noexcept;  // round to nearest even; NaN stays NaN
 
 }  // namespace rdmacc

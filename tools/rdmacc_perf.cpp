@@ -1,11 +1,20 @@
-// rdmacc-perf: benchmarks. `-c write` measures RDMA WRITE bandwidth and latency
-// between two ranks through rdmacc's mesh, printed like ib_write_bw/ib_write_lat.
+// rdmacc-perf: benchmarks, started by rdmacc-run, torchrun, mpirun or srun.
+//   -c allreduce|broadcast|reduce|allgather|reduce_scatter|alltoall|gather|scatter|sendrecv|barrier
+//      the nccl-tests table and definitions (algbw = size / time; busbw = algbw x factor);
+//   -c write  point-to-point RDMA WRITE bandwidth and latency between two ranks,
+//      printed like ib_write_bw / ib_write_lat.
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "rdmacc/backend.hpp"
 #include "rdmacc/bench.hpp"
 #include "rdmacc/config.hpp"
 #include "rdmacc/environment.hpp"
@@ -15,31 +24,46 @@
 namespace {
 
 using namespace rdmacc;
+using Clock = std::chrono::steady_clock;
 
 struct Args {
-  std::string collective = "write";
-  size_t minBytes = 2;
+  std::string collective = "allreduce";
+  size_t minBytes = 8;
   size_t maxBytes = 8u << 20;
   double factor = 2;
-  int iterations = 1000;
-  int warmup = 50;
-  std::string mode = "all";  // bw, lat, all
+  int iterations = 20;
+  int warmup = 5;
+  std::string mode = "all";  // write: bw, lat, all
   int txDepth = 128;
+  DataType dtype = DataType::Float32;
+  ReduceOp op = ReduceOp::Sum;
+  int root = 0;
+  Algorithm algorithm = Algorithm::Auto;
+  bool check = false;
+  std::string json;
+  bool iterationsGiven = false;
 };
 
 void usage(FILE* out) {
-  fmt::print(
-      out,
-      "usage: rdmacc-perf -c write [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-      "                   [-m bw|lat|all] [-t TXDEPTH]\n"
-      "Run under a launcher with 2 ranks: rdmacc-run -n 2 -- rdmacc-perf -c write\n"
-      "  -c  what to measure: write (RDMA WRITE, point to point; compare with ib_write_bw/lat)\n"
-      "  -b  smallest size (default 2; suffixes K, M, G)      -e  largest size (default 8M)\n"
-      "  -f  size multiplication factor (default 2)           -n  iterations per size (default "
-      "1000)\n"
-      "  -w  warm-up iterations (default 50)                  -m  bw, lat or all (default all)\n"
-      "  -t  writes in flight for bandwidth (default 128, as ib_write_bw)\n"
-      "MB/sec is perftest's: 2^20 bytes per second. Latency is half the round trip, in us.\n");
+  fmt::print(out,
+             "usage: rdmacc-perf [-c COLLECTIVE] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
+             "                   [-d DTYPE] [-o OP] [-r ROOT] [-a ALGO] [--check] [--json FILE]\n"
+             "Start it with a launcher: rdmacc-run -n 4 -- rdmacc-perf -c allreduce -b 8 -e 16M\n"
+             "  -c  allreduce (default), broadcast, reduce, allgather, reduce_scatter, alltoall, gather,\n"
+             "      scatter, sendrecv, barrier; or write (RDMA WRITE between 2 ranks, like ib_write_bw/lat)\n"
+             "  -b  smallest size in bytes (default 8; suffixes K, M, G)   -e  largest size (default 8M)\n"
+             "  -f  size multiplication factor (default 2)                 -n  iterations per size (default 20)\n"
+             "  -w  warm-up iterations (default 5)                         -d  dtype: float (default), double,\n"
+             "      half, bfloat16, int8, uint8, int32, int64             -o  sum (default), prod, min, max, avg\n"
+             "  -r  root rank (default 0)                                  -a  algorithm: auto, ring, tree\n"
+             "  --check  verify every element of every size (#wrong column)\n"
+             "  --json FILE  write the results as JSON\n"
+             "  write only: -m bw|lat|all (default all), -t writes in flight (default 128)\n"
+             "Sizes and definitions follow nccl-tests: size is the bytes of the per-rank buffer for\n"
+             "allreduce/broadcast/reduce, of the gathered buffer for allgather/gather, of the input for\n"
+             "reduce_scatter/scatter, of each rank's buffer for alltoall. algbw = size / time;\n"
+             "busbw = algbw x 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter, alltoall, gather,\n"
+             "scatter), 1 (broadcast, reduce, sendrecv). Time: mean per iteration, averaged over ranks.\n");
 }
 
 size_t parseSize(const std::string& text, const char* flag) {
@@ -47,26 +71,38 @@ size_t parseSize(const std::string& text, const char* flag) {
   std::string digits = text;
   if (!text.empty()) {
     switch (text.back()) {
-      case 'K':
-      case 'k':
-        mult = 1ull << 10;
-        break;
-      case 'M':
-      case 'm':
-        mult = 1ull << 20;
-        break;
-      case 'G':
-      case 'g':
-        mult = 1ull << 30;
-        break;
-      default:
-        break;
+      case 'K': case 'k': mult = 1ull << 10; break;
+      case 'M': case 'm': mult = 1ull << 20; break;
+      case 'G': case 'g': mult = 1ull << 30; break;
+      default: break;
     }
     if (mult != 1) digits.pop_back();
   }
   int64_t v = parseInt(digits, flag);
   if (v < 0) throw Error(ErrorKind::InvalidArgument, fmt::format("{} {} is negative", flag, text));
   return static_cast<size_t>(v) * mult;
+}
+
+DataType parseType(const std::string& s) {
+  if (s == "float" || s == "float32") return DataType::Float32;
+  if (s == "double" || s == "float64") return DataType::Float64;
+  if (s == "half" || s == "float16") return DataType::Float16;
+  if (s == "bfloat16") return DataType::BFloat16;
+  if (s == "int8") return DataType::Int8;
+  if (s == "uint8") return DataType::UInt8;
+  if (s == "int32" || s == "int") return DataType::Int32;
+  if (s == "int64") return DataType::Int64;
+  throw Error(ErrorKind::InvalidArgument, fmt::format("-d {} is not a dtype", s),
+              "use float, double, half, bfloat16, int8, uint8, int32 or int64");
+}
+
+ReduceOp parseOp(const std::string& s) {
+  if (s == "sum") return ReduceOp::Sum;
+  if (s == "prod") return ReduceOp::Product;
+  if (s == "min") return ReduceOp::Min;
+  if (s == "max") return ReduceOp::Max;
+  if (s == "avg") return ReduceOp::Avg;
+  throw Error(ErrorKind::InvalidArgument, fmt::format("-o {} is not a reduce op", s), "use sum, prod, min, max or avg");
 }
 
 Args parse(int argc, char** argv) {
@@ -77,54 +113,461 @@ Args parse(int argc, char** argv) {
       usage(stdout);
       std::exit(0);
     }
-    if (i + 1 >= argc)
-      throw Error(ErrorKind::InvalidArgument, fmt::format("{} needs a value", k),
-                  "see rdmacc-perf --help");
+    if (k == "--check") {
+      a.check = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      throw Error(ErrorKind::InvalidArgument, fmt::format("{} needs a value", k), "see rdmacc-perf --help");
+    }
     std::string v = argv[++i];
-    if (k == "-c")
-      a.collective = v;
-    else if (k == "-b")
-      a.minBytes = parseSize(v, "-b");
-    else if (k == "-e")
-      a.maxBytes = parseSize(v, "-e");
-    else if (k == "-f")
-      a.factor = std::stod(v);
-    else if (k == "-n")
-      a.iterations = static_cast<int>(parseInt(v, "-n"));
-    else if (k == "-w")
-      a.warmup = static_cast<int>(parseInt(v, "-w"));
-    else if (k == "-m")
-      a.mode = v;
-    else if (k == "-t")
-      a.txDepth = static_cast<int>(parseInt(v, "-t"));
-    else
-      throw Error(ErrorKind::InvalidArgument, fmt::format("unknown option {}", k),
-                  "see rdmacc-perf --help");
+    if (k == "-c") a.collective = v;
+    else if (k == "-b") a.minBytes = parseSize(v, "-b");
+    else if (k == "-e") a.maxBytes = parseSize(v, "-e");
+    else if (k == "-f") a.factor = std::stod(v);
+    else if (k == "-n") a.iterations = static_cast<int>(parseInt(v, "-n")), a.iterationsGiven = true;
+    else if (k == "-w") a.warmup = static_cast<int>(parseInt(v, "-w"));
+    else if (k == "-m") a.mode = v;
+    else if (k == "-t") a.txDepth = static_cast<int>(parseInt(v, "-t"));
+    else if (k == "-d") a.dtype = parseType(v);
+    else if (k == "-o") a.op = parseOp(v);
+    else if (k == "-r") a.root = static_cast<int>(parseInt(v, "-r"));
+    else if (k == "-a") a.algorithm = v == "ring" ? Algorithm::Ring : v == "tree" ? Algorithm::Tree : Algorithm::Auto;
+    else if (k == "--json") a.json = v;
+    else throw Error(ErrorKind::InvalidArgument, fmt::format("unknown option {}", k), "see rdmacc-perf --help");
   }
-  if (a.collective != "write") {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("-c {} is not available in this version", a.collective),
-                "this version measures point-to-point RDMA writes: -c write");
+  static const std::vector<std::string> kKnown = {"allreduce", "broadcast", "reduce",  "allgather", "reduce_scatter",
+                                                  "alltoall",  "gather",    "scatter", "sendrecv",  "barrier", "write"};
+  if (std::find(kKnown.begin(), kKnown.end(), a.collective) == kKnown.end()) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("-c {} is not a collective", a.collective),
+                "see rdmacc-perf --help for the list");
   }
+  if (a.collective == "write" && !a.iterationsGiven) a.iterations = 1000;
+  if (a.collective == "write" && a.minBytes < 1) a.minBytes = 1;
   if (a.mode != "bw" && a.mode != "lat" && a.mode != "all") {
     throw Error(ErrorKind::InvalidArgument, fmt::format("-m {} is not bw, lat or all", a.mode));
   }
-  if (a.minBytes < 1 || a.maxBytes < a.minBytes || a.factor <= 1 || a.iterations < 1 ||
-      a.warmup < 0 || a.txDepth < 1) {
-    throw Error(ErrorKind::InvalidArgument,
-                "need 1 <= -b <= -e, -f > 1, -n >= 1, -w >= 0, -t >= 1");
+  if (a.maxBytes < a.minBytes || a.factor <= 1 || a.iterations < 1 || a.warmup < 0 || a.txDepth < 1) {
+    throw Error(ErrorKind::InvalidArgument, "need -b <= -e, -f > 1, -n >= 1, -w >= 0, -t >= 1");
   }
   return a;
 }
 
 std::vector<size_t> sizes(const Args& a) {
   std::vector<size_t> out;
-  for (double s = static_cast<double>(a.minBytes); s <= static_cast<double>(a.maxBytes) + 0.5;
+  for (double s = static_cast<double>(std::max<size_t>(a.minBytes, 1)); s <= static_cast<double>(a.maxBytes) + 0.5;
        s *= a.factor) {
     size_t v = static_cast<size_t>(s + 0.5);
     if (out.empty() || v != out.back()) out.push_back(v);
   }
+  if (a.minBytes == 0) out.insert(out.begin(), 0);
   return out;
+}
+
+// ------------------------------------------------------------ p2p write --
+
+int runWrite(const Args& args, GroupEnvironment& group, const Config& config) {
+  WriteBench bench(group.store, group.rank, group.size, config,
+                   WriteBenchOptions{.maxBytes = args.maxBytes, .txDepth = args.txDepth});
+  bool lead = group.rank == 0;
+  if (lead) fmt::print("# rdmacc-perf -c write: {}\n", bench.describe());
+  bool intact = true;
+  if (args.mode != "lat") {
+    if (lead) {
+      fmt::print("# RDMA WRITE bandwidth (ib_write_bw definitions)\n");
+      fmt::print(" {:>10} {:>12} {:>16} {:>19} {:>14} {:>6}\n", "#bytes", "#iterations", "BW peak[MB/sec]",
+                 "BW average[MB/sec]", "MsgRate[Mpps]", "data");
+    }
+    for (size_t s : sizes(args)) {
+      auto r = bench.bandwidth(s, args.iterations, args.warmup);
+      intact = intact && r.dataIntact;
+      if (lead) {
+        fmt::print(" {:>10} {:>12} {:>16.2f} {:>19.2f} {:>14.6f} {:>6}\n", r.bytes, r.iterations, r.peakMBps,
+                   r.averageMBps, r.messageRateMpps, r.dataIntact ? "ok" : "BAD");
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (args.mode != "bw") {
+    if (lead) {
+      fmt::print("# RDMA WRITE latency (ib_write_lat definitions: half round trip, usec)\n");
+      fmt::print(" {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "#bytes", "#iterations",
+                 "t_min", "t_max", "t_typical", "t_avg", "t_stdev", "99%", "99.9%");
+    }
+    for (size_t s : sizes(args)) {
+      auto r = bench.latency(s, args.iterations, args.warmup);
+      if (lead) {
+        fmt::print(" {:>10} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", r.bytes,
+                   r.iterations, r.minUs, r.maxUs, r.typicalUs, r.averageUs, r.stdevUs, r.p99Us, r.p999Us);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (!intact) {
+    fmt::print(stderr, "rdmacc-perf: data written by rank 0 arrived corrupted at rank 1\n");
+    return 1;
+  }
+  return 0;
+}
+
+// ----------------------------------------------------------- collectives --
+
+// Typed storage with small integer values, exact in every dtype.
+struct Buffer {
+  DataType dtype;
+  std::vector<uint8_t> bytes;
+  Buffer(DataType t, size_t n) : dtype(t), bytes(n * elementSize(t)) {}
+  size_t numel() const { return bytes.size() / elementSize(dtype); }
+  Tensor tensor() { return Tensor{bytes.data(), numel(), dtype}; }
+  void set(size_t i, double v) {
+    uint8_t* p = bytes.data() + i * elementSize(dtype);
+    switch (dtype) {
+      case DataType::Float32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
+      case DataType::Float64: std::memcpy(p, &v, 8); break;
+      case DataType::Float16: { uint16_t h = floatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+      case DataType::BFloat16: { uint16_t h = floatToBfloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+      case DataType::Int8: *p = static_cast<uint8_t>(static_cast<int8_t>(v)); break;
+      case DataType::UInt8: *p = static_cast<uint8_t>(v); break;
+      case DataType::Int32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+      case DataType::Int64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+      case DataType::Bool: *p = v != 0; break;
+    }
+  }
+  double get(size_t i) const {
+    const uint8_t* p = bytes.data() + i * elementSize(dtype);
+    switch (dtype) {
+      case DataType::Float32: { float f; std::memcpy(&f, p, 4); return f; }
+      case DataType::Float64: { double d; std::memcpy(&d, p, 8); return d; }
+      case DataType::Float16: { uint16_t h; std::memcpy(&h, p, 2); return halfToFloat(h); }
+      case DataType::BFloat16: { uint16_t h; std::memcpy(&h, p, 2); return bfloat16ToFloat(h); }
+      case DataType::Int8: return static_cast<int8_t>(*p);
+      case DataType::UInt8: return *p;
+      case DataType::Int32: { int32_t x; std::memcpy(&x, p, 4); return x; }
+      case DataType::Int64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
+      case DataType::Bool: return *p;
+    }
+    return 0;
+  }
+};
+
+// Rank r's value at element i: 1..4, so sums, products (for n <= 8) and averages of n ranks are exact.
+double value(int r, size_t i) { return static_cast<double>((static_cast<size_t>(r) * 3 + i) % 4 + 1); }
+
+double reduced(ReduceOp op, int n, size_t i, DataType t) {
+  double acc = value(0, i);
+  for (int r = 1; r < n; ++r) {
+    double v = value(r, i);
+    switch (op) {
+      case ReduceOp::Product: acc *= v; break;
+      case ReduceOp::Min: acc = std::min(acc, v); break;
+      case ReduceOp::Max: acc = std::max(acc, v); break;
+      default: acc += v; break;
+    }
+  }
+  if (op == ReduceOp::Avg) acc = isFloatingPoint(t) ? acc / n : std::trunc(acc / n);
+  return acc;
+}
+
+struct Row {
+  size_t bytes = 0, count = 0;
+  double time = 0, algbw = 0, busbw = 0;
+  long wrong = 0;
+  bool inPlace = false;
+};
+
+struct Case {
+  std::string name;
+  double busFactor = 1;
+  bool hasOutOfPlace = true;
+  bool hasInPlace = true;
+};
+
+class CollectiveBench {
+ public:
+  CollectiveBench(const Args& a, std::shared_ptr<VerbsBackend> b) : args_(a), backend_(std::move(b)) {
+    n_ = backend_->getSize();
+    rank_ = backend_->getRank();
+    es_ = elementSize(args_.dtype);
+  }
+
+  Case describe() const {
+    const std::string& c = args_.collective;
+    double n = n_;
+    if (c == "allreduce") return {c, 2 * (n - 1) / n, false, true};
+    if (c == "broadcast" || c == "reduce") return {c, 1, false, true};
+    if (c == "allgather") return {c, (n - 1) / n, true, true};
+    if (c == "reduce_scatter" || c == "alltoall" || c == "gather" || c == "scatter") return {c, (n - 1) / n, true, false};
+    if (c == "sendrecv") return {c, 1, true, false};
+    return {c, 0, false, true};  // barrier
+  }
+
+  // Elements per rank-sized unit for this size.
+  size_t countFor(size_t bytes) const {
+    const std::string& c = args_.collective;
+    size_t elems = bytes / es_;
+    if (c == "allgather" || c == "reduce_scatter" || c == "alltoall" || c == "gather" || c == "scatter") {
+      return elems / static_cast<size_t>(n_);
+    }
+    return elems;
+  }
+
+  // Runs one iteration; returns the work. Sets up buffers on first use per size.
+  std::shared_ptr<Work> once(bool inPlace) {
+    const std::string& c = args_.collective;
+    if (c == "allreduce") {
+      std::vector<Tensor> t{buf_->tensor()};
+      return backend_->allreduce(t, AllreduceOptions{.reduceOp = args_.op, .algorithm = args_.algorithm});
+    }
+    if (c == "broadcast") {
+      std::vector<Tensor> t{buf_->tensor()};
+      return backend_->broadcast(t, BroadcastOptions{.rootRank = args_.root, .algorithm = args_.algorithm});
+    }
+    if (c == "reduce") {
+      std::vector<Tensor> t{buf_->tensor()};
+      return backend_->reduce(t, ReduceOptions{.reduceOp = args_.op, .rootRank = args_.root});
+    }
+    if (c == "allgather") {
+      Tensor out = out_->tensor();
+      Tensor in = inPlace ? Tensor{out_->bytes.data() + static_cast<size_t>(rank_) * count_ * es_, count_, args_.dtype}
+                          : buf_->tensor();
+      return backend_->_allgather_base(out, in);
+    }
+    if (c == "reduce_scatter") {
+      Tensor out = buf_->tensor(), in = out_->tensor();
+      return backend_->_reduce_scatter_base(out, in, ReduceScatterOptions{.reduceOp = args_.op});
+    }
+    if (c == "alltoall") {
+      Tensor out = out_->tensor(), in = buf_->tensor();
+      std::vector<int64_t> none;
+      return backend_->alltoall_base(out, in, none, none);
+    }
+    if (c == "gather") {
+      std::vector<Tensor> in{buf_->tensor()};
+      std::vector<std::vector<Tensor>> outs;
+      if (rank_ == args_.root) outs.push_back(parts_);
+      return backend_->gather(outs, in, GatherOptions{.rootRank = args_.root});
+    }
+    if (c == "scatter") {
+      std::vector<Tensor> out{buf_->tensor()};
+      std::vector<std::vector<Tensor>> ins;
+      if (rank_ == args_.root) ins.push_back(parts_);
+      return backend_->scatter(out, ins, ScatterOptions{.rootRank = args_.root});
+    }
+    if (c == "sendrecv") {
+      std::vector<Tensor> s{buf_->tensor()}, r{out_->tensor()};
+      int right = (rank_ + 1) % n_, left = (rank_ + n_ - 1) % n_;
+      auto recv = backend_->recv(r, left, 0);
+      backend_->send(s, right, 0);
+      return recv;
+    }
+    return backend_->barrier();
+  }
+
+  void prepare(size_t count) {
+    count_ = count;
+    const std::string& c = args_.collective;
+    size_t total = count * static_cast<size_t>(n_);
+    buf_ = std::make_unique<Buffer>(args_.dtype, c == "alltoall" ? total : count);
+    out_ = std::make_unique<Buffer>(args_.dtype, c == "sendrecv" ? count : total);
+    if (c == "reduce_scatter") {
+      buf_ = std::make_unique<Buffer>(args_.dtype, count);
+      out_ = std::make_unique<Buffer>(args_.dtype, total);  // the input
+    }
+    parts_.clear();
+    partBufs_.clear();
+    if ((c == "gather" || c == "scatter") && rank_ == args_.root) {
+      for (int r = 0; r < n_; ++r) partBufs_.push_back(std::make_unique<Buffer>(args_.dtype, count));
+      for (auto& p : partBufs_) parts_.push_back(p->tensor());
+    }
+  }
+
+  // Fills inputs, runs once, counts wrong elements on this rank.
+  long check(bool inPlace) {
+    const std::string& c = args_.collective;
+    size_t n = count_;
+    auto fill = [&](Buffer& b, int r, size_t offset) {
+      for (size_t i = 0; i < b.numel(); ++i) b.set(i, value(r, offset + i));
+    };
+    if (c == "allreduce" || c == "reduce") fill(*buf_, rank_, 0);
+    if (c == "broadcast") fill(*buf_, rank_ == args_.root ? args_.root : (rank_ + 1) % 5 + 7, 0);
+    if (c == "allgather") {
+      std::fill(out_->bytes.begin(), out_->bytes.end(), 0);
+      if (inPlace) {
+        for (size_t i = 0; i < n; ++i) out_->set(static_cast<size_t>(rank_) * n + i, value(rank_, i));
+      } else {
+        fill(*buf_, rank_, 0);
+      }
+    }
+    if (c == "reduce_scatter") fill(*out_, rank_, 0);
+    if (c == "alltoall") fill(*buf_, rank_, 0);
+    if (c == "gather" || c == "sendrecv") fill(*buf_, rank_, 0);
+    if (c == "scatter" && rank_ == args_.root) {
+      for (int r = 0; r < n_; ++r) fill(*partBufs_[static_cast<size_t>(r)], r, 0);
+    }
+    once(inPlace)->wait();
+    long wrong = 0;
+    auto expect = [&](const Buffer& b, size_t i, double want) {
+      Buffer w(args_.dtype, 1);
+      w.set(0, want);
+      if (b.get(i) != w.get(0)) ++wrong;
+    };
+    if (c == "allreduce" || (c == "reduce" && rank_ == args_.root)) {
+      for (size_t i = 0; i < n; ++i) expect(*buf_, i, reduced(args_.op, n_, i, args_.dtype));
+    }
+    if (c == "broadcast") {
+      for (size_t i = 0; i < n; ++i) expect(*buf_, i, value(args_.root, i));
+    }
+    if (c == "allgather") {
+      for (int r = 0; r < n_; ++r) {
+        for (size_t i = 0; i < n; ++i) expect(*out_, static_cast<size_t>(r) * n + i, value(r, i));
+      }
+    }
+    if (c == "reduce_scatter") {
+      for (size_t i = 0; i < n; ++i) {
+        expect(*buf_, i, reduced(args_.op, n_, static_cast<size_t>(rank_) * n + i, args_.dtype));
+      }
+    }
+    if (c == "alltoall") {  // block p of rank r's input went to rank p's block r
+      for (int r = 0; r < n_; ++r) {
+        for (size_t i = 0; i < n; ++i) expect(*out_, static_cast<size_t>(r) * n + i, value(r, static_cast<size_t>(rank_) * n + i));
+      }
+    }
+    if (c == "gather" && rank_ == args_.root) {
+      for (int r = 0; r < n_; ++r) {
+        for (size_t i = 0; i < n; ++i) expect(*partBufs_[static_cast<size_t>(r)], i, value(r, i));
+      }
+    }
+    if (c == "scatter") {
+      for (size_t i = 0; i < n; ++i) expect(*buf_, i, value(rank_, i));
+    }
+    if (c == "sendrecv") {
+      int left = (rank_ + n_ - 1) % n_;
+      for (size_t i = 0; i < n; ++i) expect(*out_, i, value(left, i));
+    }
+    return wrong;
+  }
+
+  double sumAcrossRanks(double v) {
+    Buffer b(DataType::Float64, 1);
+    b.set(0, v);
+    std::vector<Tensor> t{b.tensor()};
+    backend_->allreduce(t)->wait();
+    return b.get(0);
+  }
+
+  Row measure(size_t bytes, bool inPlace) {
+    Row row;
+    size_t count = countFor(bytes);
+    prepare(count);
+    row.count = count;
+    const std::string& c = args_.collective;
+    row.bytes = c == "barrier" ? 0
+                : (c == "allgather" || c == "reduce_scatter" || c == "alltoall" || c == "gather" || c == "scatter")
+                    ? count * static_cast<size_t>(n_) * es_
+                    : count * es_;
+    row.inPlace = inPlace;
+    if (args_.check) row.wrong = static_cast<long>(sumAcrossRanks(static_cast<double>(check(inPlace))));
+    for (int i = 0; i < args_.warmup; ++i) once(inPlace)->wait();
+    backend_->barrier()->wait();
+    auto start = Clock::now();
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < args_.iterations; ++i) {
+      // Ops complete in order: keep a bounded number in flight.
+      works.push_back(once(inPlace));
+      if (works.size() >= 16) {
+        works.front()->wait();
+        works.erase(works.begin());
+      }
+    }
+    for (auto& w : works) w->wait();
+    double mine = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / args_.iterations;
+    row.time = sumAcrossRanks(mine) / n_;
+    row.algbw = row.time > 0 ? static_cast<double>(row.bytes) / row.time / 1e3 : 0;  // GB/s
+    row.busbw = row.algbw * describe().busFactor;
+    return row;
+  }
+
+ private:
+  const Args& args_;
+  std::shared_ptr<VerbsBackend> backend_;
+  int n_ = 1, rank_ = 0;
+  size_t es_ = 4, count_ = 0;
+  std::unique_ptr<Buffer> buf_, out_;
+  std::vector<std::unique_ptr<Buffer>> partBufs_;
+  std::vector<Tensor> parts_;
+};
+
+std::string cell(const Row* r) {
+  if (r == nullptr) return fmt::format(" {:>8} {:>7} {:>7} {:>6}", "n/a", "", "", "");
+  return fmt::format(" {:>8.1f} {:>7.3f} {:>7.3f} {:>6}", r->time, r->algbw, r->busbw, r->wrong);
+}
+
+int runCollective(const Args& args) {
+  auto backend = initFromEnvironment();
+  CollectiveBench bench(args, backend);
+  Case c = bench.describe();
+  bool lead = backend->getRank() == 0;
+  bool reduces = args.collective == "allreduce" || args.collective == "reduce" || args.collective == "reduce_scatter";
+  bool rooted = args.collective == "broadcast" || args.collective == "reduce" || args.collective == "gather" ||
+                args.collective == "scatter";
+  if (lead) {
+    fmt::print("# rdmacc-perf -c {}: {} ranks, dtype {}, op {}, root {}, algorithm {}, {} iterations, {} warm-up\n",
+               args.collective, backend->getSize(), toString(args.dtype), toString(args.op), args.root,
+               toString(args.algorithm), args.iterations, args.warmup);
+    fmt::print("# {:>60} {:>31}\n", "out-of-place", "in-place");
+    fmt::print("# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n", "size", "count",
+               "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    fmt::print("# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n", "(B)",
+               "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  }
+  std::vector<Row> rows;
+  double busSum = 0;
+  int busCount = 0;
+  long wrongTotal = 0;
+  std::vector<size_t> list = args.collective == "barrier" ? std::vector<size_t>{0} : sizes(args);
+  size_t step = 0;
+  for (size_t s : list) {
+    ++step;
+    if (lead) fmt::print(stderr, "\rrdmacc-perf: size {} ({}/{})   ", s, step, list.size());
+    std::optional<Row> out, in;
+    if (c.hasOutOfPlace) out = bench.measure(s, false);
+    if (c.hasInPlace) in = bench.measure(s, true);
+    const Row& any = out ? *out : *in;
+    for (const Row* r : {out ? &*out : nullptr, in ? &*in : nullptr}) {
+      if (r == nullptr) continue;
+      rows.push_back(*r);
+      busSum += r->busbw;
+      ++busCount;
+      wrongTotal += r->wrong;
+    }
+    if (lead) {
+      fmt::print("  {:>10} {:>12} {:>9} {:>6} {:>5}{}{}\n", any.bytes, any.count, toString(args.dtype),
+                 reduces ? toString(args.op) : "none", rooted ? std::to_string(args.root) : "-1",
+                 cell(out ? &*out : nullptr), cell(in ? &*in : nullptr));
+      std::fflush(stdout);
+    }
+  }
+  if (lead) {
+    fmt::print(stderr, "\r{:60}\r", "");
+    fmt::print("# Out of bounds values : {} {}\n", wrongTotal, args.check ? (wrongTotal == 0 ? "OK" : "FAILED") : "(not checked; add --check)");
+    fmt::print("# Avg bus bandwidth    : {:.4f} GB/s\n", busCount ? busSum / busCount : 0.0);
+    if (!args.json.empty()) {
+      std::ofstream out(args.json);
+      out << "{\"collective\": \"" << args.collective << "\", \"ranks\": " << backend->getSize() << ", \"dtype\": \""
+          << toString(args.dtype) << "\", \"op\": \"" << toString(args.op) << "\", \"rows\": [";
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const Row& r = rows[i];
+        out << (i ? ", " : "")
+            << fmt::format("{{\"size\": {}, \"count\": {}, \"in_place\": {}, \"time_us\": {:.3f}, \"algbw_gbs\": {:.6f}, "
+                           "\"busbw_gbs\": {:.6f}, \"wrong\": {}}}",
+                           r.bytes, r.count, r.inPlace ? "true" : "false", r.time, r.algbw, r.busbw, r.wrong);
+      }
+      out << "]}\n";
+      if (!out) throw Error(ErrorKind::InvalidArgument, fmt::format("cannot write {}", args.json));
+    }
+  }
+  backend->barrier()->wait();
+  return wrongTotal == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -132,54 +575,11 @@ std::vector<size_t> sizes(const Args& a) {
 int main(int argc, char** argv) {
   try {
     Args args = parse(argc, argv);
+    if (args.collective != "write") return runCollective(args);
     Config config = Config::load();
     GroupEnvironment group = groupFromEnvironment(config);
     setLogPrefix(fmt::format("rank {}", group.rank));
-    WriteBench bench(group.store, group.rank, group.size, config,
-                     WriteBenchOptions{.maxBytes = args.maxBytes, .txDepth = args.txDepth});
-    bool lead = group.rank == 0;
-    if (lead) fmt::print("# rdmacc-perf -c write: {}\n", bench.describe());
-    bool intact = true;
-    if (args.mode != "lat") {
-      if (lead) {
-        fmt::print("# RDMA WRITE bandwidth (ib_write_bw definitions)\n");
-        fmt::print(" {:>10} {:>12} {:>16} {:>19} {:>14} {:>6}\n", "#bytes", "#iterations",
-                   "BW peak[MB/sec]", "BW average[MB/sec]", "MsgRate[Mpps]", "data");
-      }
-      for (size_t s : sizes(args)) {
-        auto r = bench.bandwidth(s, args.iterations, args.warmup);
-        intact = intact && r.dataIntact;
-        if (lead) {
-          fmt::print(" {:>10} {:>12} {:>16.2f} {:>19.2f} {:>14.6f} {:>6}\n", r.bytes, r.iterations,
-                     r.peakMBps, r.averageMBps, r.messageRateMpps, r.dataIntact ? "ok" : "BAD");
-          std::fflush(stdout);
-        }
-      }
-    }
-    if (args.mode != "bw") {
-      if (lead) {
-        fmt::print("# RDMA WRITE latency (ib_write_lat definitions: half round trip, usec)\n");
-        fmt::print(" {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "#bytes",
-                   "#iterations", "t_min", "t_max", "t_typical", "t_avg", "t_stdev", "99%",
-                   "99.9%");
-      }
-      for (size_t s : sizes(args)) {
-        auto r = bench.latency(s, args.iterations, args.warmup);
-        if (lead) {
-          fmt::print(
-              " {:>10} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} "
-              "{:>10.2f}\n",
-              r.bytes, r.iterations, r.minUs, r.maxUs, r.typicalUs, r.averageUs, r.stdevUs, r.p99Us,
-              r.p999Us);
-          std::fflush(stdout);
-        }
-      }
-    }
-    if (!intact) {
-      fmt::print(stderr, "rdmacc-perf: data written by rank 0 arrived corrupted at rank 1\n");
-      return 1;
-    }
-    return 0;
+    return runWrite(args, group, config);
   } catch (const std::exception& e) {
     fmt::print(stderr, "rdmacc-perf: {}\n", e.what());
     return 1;

@@ -20,6 +20,12 @@ bool isFloatingPoint(DataType dtype) noexcept;
 // BAnd, BOr, BXor on integer and Bool types only.
 bool supports(ReduceOp op, DataType dtype) noexcept;
 
+// IEEE half and bfloat16 from/to float (round to nearest even; NaN stays NaN).
+float halfToFloat(uint16_t h) noexcept;
+uint16_t floatToHalf(float f) noexcept;
+float bfloat16ToFloat(uint16_t b) noexcept;
+uint16_t floatToBfloat16(float f) noexcept;
+
 // A non-owning view of numel contiguous elements of CPU memory.
 struct Tensor {
   void* data = nullptr;
