@@ -103,8 +103,10 @@ void validate(const OptionSpec& spec, const std::string& text) {
       break;
     case String:
       if (spec.name == "RDMACC_LOG_LEVEL") parseLogLevel(text);
-      if (spec.name.starts_with("RDMACC_ALGO_") && text != "auto" && text != "ring" && text != "tree") {
-        throw Error(ErrorKind::InvalidArgument, fmt::format("{}='{}' is not an algorithm", spec.name, text),
+      if (spec.name.starts_with("RDMACC_ALGO_") && text != "auto" && text != "ring" &&
+          text != "tree") {
+        throw Error(ErrorKind::InvalidArgument,
+                    fmt::format("{}='{}' is not an algorithm", spec.name, text),
                     fmt::format("set {} to auto, ring or tree", spec.name));
       }
       break;

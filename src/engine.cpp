@@ -32,6 +32,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x52434d47;  // "RCMG"
 constexpr uint32_t kCreditBit = 0x80000000u;
+constexpr auto kDepartureGrace = std::chrono::milliseconds(200);
 
 enum class MessageKind : uint8_t { Collective = 1, PointToPoint = 2, Abort = 3 };
 
@@ -47,7 +48,7 @@ struct Header {
   uint32_t step = 0;      // collective step, or the p2p chunk index
   uint32_t payload = 0;   // bytes after the header
   uint32_t unused = 0;
-  uint64_t check = 0;     // collective: the op's check value; p2p: message bytes
+  uint64_t check = 0;  // collective: the op's check value; p2p: message bytes
 };
 static_assert(sizeof(Header) == 32);
 constexpr size_t kHeaderBytes = 64;  // payload stays 64-byte aligned
@@ -62,9 +63,9 @@ struct PeerState {
   ibv_qp* qp = nullptr;
   uint64_t remoteBase = 0;  // where this rank's slots start in the peer's region
   uint32_t rkey = 0;
-  std::deque<int> freeRemote;   // the peer's slots we may write (our credits)
-  std::vector<int> freeStaging;  // our staging slots for this peer
-  std::deque<Incoming> inbox;    // arrived, not yet consumed
+  std::deque<int> freeRemote;      // the peer's slots we may write (our credits)
+  std::vector<int> freeStaging;    // our staging slots for this peer
+  std::deque<Incoming> inbox;      // arrived, not yet consumed
   std::deque<int> pendingCredits;  // slots to hand back when the send queue has room
   int sendQueueUsed = 0;
 };
@@ -85,8 +86,9 @@ std::string describe(const Header& h) {
   if (h.kind == MessageKind::PointToPoint) {
     return fmt::format("a send with tag {} ({} bytes)", h.sequence, h.check);
   }
-  return fmt::format("{} #{} step {} (check {:#x}, {} bytes)", toString(static_cast<OpType>(h.opType)), h.sequence,
-                     h.step, h.check, h.payload);
+  return fmt::format("{} #{} step {} (check {:#x}, {} bytes)",
+                     toString(static_cast<OpType>(h.opType)), h.sequence, h.step, h.check,
+                     h.payload);
 }
 
 }  // namespace
@@ -102,7 +104,8 @@ struct Engine::Impl {
   verbs::MrPtr recvMr;       // after the mesh's PD
   verbs::MrPtr stagingMr;
   std::vector<PeerState> peers;
-  std::vector<bool> dead;  // peers that disconnected
+  std::vector<bool> dead;                                     // peers that disconnected
+  std::vector<std::pair<int, Clock::time_point>> departures;  // (peer, verdict time)
   uint64_t arrivals = 0;
   Clock::time_point lastConnectionCheck{};
 
@@ -122,10 +125,12 @@ struct Engine::Impl {
   Impl(Mesh& m, EngineOptions o) : mesh(m), options(std::move(o)), rank(m.rank()), size(m.size()) {}
 
   uint8_t* recvSlot(int peer, int slot) {
-    return recvRegion.data() + (static_cast<size_t>(peer) * options.slotsPerPeer + slot) * options.slotBytes;
+    return recvRegion.data() +
+           (static_cast<size_t>(peer) * options.slotsPerPeer + slot) * options.slotBytes;
   }
   uint8_t* stagingSlot(int peer, int slot) {
-    return stagingRegion.data() + (static_cast<size_t>(peer) * options.slotsPerPeer + slot) * options.slotBytes;
+    return stagingRegion.data() +
+           (static_cast<size_t>(peer) * options.slotsPerPeer + slot) * options.slotBytes;
   }
   size_t messages(size_t bytes) const { return bytes == 0 ? 1 : (bytes + chunk - 1) / chunk; }
 
@@ -149,21 +154,24 @@ struct Engine::Impl {
     uint8_t* slot = stagingSlot(peer, staging);
     std::memcpy(slot, &header, sizeof header);
     if (header.payload > 0) std::memcpy(slot + kHeaderBytes, data, header.payload);
-    verbs::WriteRequest w{.wrId = pack(WrId{WrKind::WriteImm, 0, static_cast<uint16_t>(peer),
-                                            static_cast<uint32_t>(staging)}),
-                          .local = slot,
-                          .lkey = stagingMr->lkey,
-                          .length = static_cast<uint32_t>(kHeaderBytes + header.payload),
-                          .remoteAddr = p.remoteBase + static_cast<uint64_t>(remote) * options.slotBytes,
-                          .rkey = p.rkey,
-                          .imm = static_cast<uint32_t>(remote)};
+    verbs::WriteRequest w{
+        .wrId = pack(
+            WrId{WrKind::WriteImm, 0, static_cast<uint16_t>(peer), static_cast<uint32_t>(staging)}),
+        .local = slot,
+        .lkey = stagingMr->lkey,
+        .length = static_cast<uint32_t>(kHeaderBytes + header.payload),
+        .remoteAddr = p.remoteBase + static_cast<uint64_t>(remote) * options.slotBytes,
+        .rkey = p.rkey,
+        .imm = static_cast<uint32_t>(remote)};
     if (int rc = verbs::postWrite(p.qp, w); rc != 0) {
-      throw verbs::verbsError("ibv_post_send", rc, fmt::format("posting a message to rank {}", peer));
+      throw verbs::verbsError("ibv_post_send", rc,
+                              fmt::format("posting a message to rank {}", peer));
     }
     p.freeRemote.pop_front();
     p.freeStaging.pop_back();
     ++p.sendQueueUsed;
-    if (logEnabled(LogLevel::Trace)) log(LogLevel::Trace, "-> rank {} slot {}: {}", peer, remote, describe(header));
+    if (logEnabled(LogLevel::Trace))
+      log(LogLevel::Trace, "-> rank {} slot {}: {}", peer, remote, describe(header));
     return true;
   }
 
@@ -182,7 +190,8 @@ struct Engine::Impl {
                             .rkey = p.rkey,
                             .imm = kCreditBit | static_cast<uint32_t>(p.pendingCredits.front())};
       if (int rc = verbs::postWrite(p.qp, w); rc != 0) {
-        throw verbs::verbsError("ibv_post_send", rc, fmt::format("returning a credit to rank {}", peer));
+        throw verbs::verbsError("ibv_post_send", rc,
+                                fmt::format("returning a credit to rank {}", peer));
       }
       p.pendingCredits.pop_front();
       ++p.sendQueueUsed;
@@ -201,8 +210,9 @@ struct Engine::Impl {
       WrId id = unpack(wc.wr_id);
       int peer = id.peer;
       if (logEnabled(LogLevel::Trace)) {
-        log(LogLevel::Trace, "wc kind {} peer {} tag {} status {} opcode {}", static_cast<int>(id.kind), peer, id.tag,
-            static_cast<int>(wc.status), static_cast<int>(wc.opcode));
+        log(LogLevel::Trace, "wc kind {} peer {} tag {} status {} opcode {}",
+            static_cast<int>(id.kind), peer, id.tag, static_cast<int>(wc.status),
+            static_cast<int>(wc.opcode));
       }
       if (wc.status != IBV_WC_SUCCESS) {
         // A departed peer's queue pair fails our pending credits; the
@@ -214,12 +224,16 @@ struct Engine::Impl {
       }
       PeerState& p = peers[static_cast<size_t>(peer)];
       switch (id.kind) {
-        case WrKind::Recv: onReceive(peer, ntohl(wc.imm_data), wc.wr_id); break;
+        case WrKind::Recv:
+          onReceive(peer, ntohl(wc.imm_data), wc.wr_id);
+          break;
         case WrKind::WriteImm:
           p.freeStaging.push_back(static_cast<int>(id.tag));
           --p.sendQueueUsed;
           break;
-        default: --p.sendQueueUsed; break;
+        default:
+          --p.sendQueueUsed;
+          break;
       }
     }
     return n > 0;
@@ -228,14 +242,16 @@ struct Engine::Impl {
   void onReceive(int peer, uint32_t imm, uint64_t wrId) {
     PeerState& p = peers[static_cast<size_t>(peer)];
     if (int rc = verbs::postEmptyRecvs(p.qp, wrId, 1); rc != 0) {
-      throw verbs::verbsError("ibv_post_recv", rc, fmt::format("reposting a receive for rank {}", peer));
+      throw verbs::verbsError("ibv_post_recv", rc,
+                              fmt::format("reposting a receive for rank {}", peer));
     }
     int slot = static_cast<int>(imm & 0xffffu);
     if (slot >= options.slotsPerPeer) {
-      throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
-                            .message = fmt::format("rank {} used slot {} of {}", peer, slot, options.slotsPerPeer),
-                            .peerRank = peer,
-                            .hint = "every rank must use the same RDMACC_SLOTS_PER_PEER"});
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank {} used slot {} of {}", peer, slot, options.slotsPerPeer),
+          .peerRank = peer,
+          .hint = "every rank must use the same RDMACC_SLOTS_PER_PEER"});
     }
     if (imm & kCreditBit) {
       p.freeRemote.push_back(slot);
@@ -244,22 +260,26 @@ struct Engine::Impl {
     Incoming in{slot, {}, arrivals++};
     std::memcpy(&in.header, recvSlot(peer, slot), sizeof in.header);
     if (in.header.magic != kMagic || in.header.payload > chunk) {
-      throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
-                            .message = fmt::format("rank {} wrote a malformed message header", peer),
-                            .peerRank = peer,
-                            .hint = "every rank must run the same rdmacc version with the same RDMACC_SLOT_BYTES"});
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank {} wrote a malformed message header", peer),
+          .peerRank = peer,
+          .hint = "every rank must run the same rdmacc version with the same RDMACC_SLOT_BYTES"});
     }
     if (in.header.kind == MessageKind::Abort) {
-      std::string text(reinterpret_cast<const char*>(recvSlot(peer, slot)) + kHeaderBytes, in.header.payload);
+      std::string text(reinterpret_cast<const char*>(recvSlot(peer, slot)) + kHeaderBytes,
+                       in.header.payload);
       release(peer, slot);
-      breakGroup(Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
-                                 .message = fmt::format("rank {} reported a failure: {}", peer, text),
-                                 .peerRank = peer,
-                                 .peerAddress = mesh.peerAddress(peer)}),
-                 /*tellPeers=*/false);
+      breakGroup(
+          Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
+                          .message = fmt::format("rank {} reported a failure: {}", peer, text),
+                          .peerRank = peer,
+                          .peerAddress = mesh.peerAddress(peer)}),
+          /*tellPeers=*/false);
       return;
     }
-    if (logEnabled(LogLevel::Trace)) log(LogLevel::Trace, "<- rank {} slot {}: {}", peer, slot, describe(in.header));
+    if (logEnabled(LogLevel::Trace))
+      log(LogLevel::Trace, "<- rank {} slot {}: {}", peer, slot, describe(in.header));
     p.inbox.push_back(in);
   }
 
@@ -270,11 +290,13 @@ struct Engine::Impl {
     for (size_t k = a.started ? a.step : 0; k < op.schedule.size(); ++k) {
       const Step& s = op.schedule[k];
       for (size_t i = 0; i < s.sends.size(); ++i) {
-        bool done = a.started && k == a.step && a.sentMessages[i] == messages(s.sends[i].range.bytes);
+        bool done =
+            a.started && k == a.step && a.sentMessages[i] == messages(s.sends[i].range.bytes);
         if (s.sends[i].peer == peer && !done) return true;
       }
       for (size_t j = 0; j < s.recvs.size(); ++j) {
-        bool done = a.started && k == a.step && a.receivedMessages[j] == messages(s.recvs[j].range.bytes);
+        bool done =
+            a.started && k == a.step && a.receivedMessages[j] == messages(s.recvs[j].range.bytes);
         if (s.recvs[j].peer == peer && !done) return true;
       }
     }
@@ -282,29 +304,43 @@ struct Engine::Impl {
   }
 
   Error peerGone(int peer) const {
-    return Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
-                           .message = fmt::format("rank {} disconnected", peer),
-                           .call = "rdma_get_cm_event",
-                           .status = "RDMA_CM_EVENT_DISCONNECTED",
-                           .peerRank = peer,
-                           .peerAddress = mesh.peerAddress(peer),
-                           .hint = "its process exited or crashed, or destroyed its backend early; see its output"});
+    return Error(ErrorInfo{
+        .kind = ErrorKind::PeerFailure,
+        .message = fmt::format("rank {} disconnected", peer),
+        .call = "rdma_get_cm_event",
+        .status = "RDMA_CM_EVENT_DISCONNECTED",
+        .peerRank = peer,
+        .peerAddress = mesh.peerAddress(peer),
+        .hint = "its process exited or crashed, or destroyed its backend early; see its output"});
   }
 
   // A departed peer fails the operations that still need it (and so the
-  // group); operations that are past it finish normally.
+  // group); operations that are past it finish normally. The verdict waits a
+  // grace period: the peer's last messages may still sit in our completion
+  // queue when the disconnect event arrives.
   bool pollConnectionEvents() {
     auto gone = mesh.takeDisconnectedPeers();
+    auto now = Clock::now();
     for (int peer : gone) {
+      if (dead[static_cast<size_t>(peer)]) continue;
       dead[static_cast<size_t>(peer)] = true;
+      departures.emplace_back(peer, now + kDepartureGrace);
+    }
+    for (auto it = departures.begin(); it != departures.end();) {
+      if (it->second > now) {
+        ++it;
+        continue;
+      }
+      int peer = it->first;
+      it = departures.erase(it);
       bool needed = false;
       for (const auto& a : collectives) needed = needed || needs(*a, peer);
       for (const auto& a : pointToPoint) needed = needed || needs(*a, peer);
-      if (!needed) {
+      if (needed) {
+        breakGroup(peerGone(peer), false);
+      } else {
         log(LogLevel::Info, "rank {} disconnected; operations that involve it will fail", peer);
-        continue;
       }
-      breakGroup(peerGone(peer), false);
     }
     return !gone.empty();
   }
@@ -348,11 +384,13 @@ struct Engine::Impl {
     const Operation& op = *a.op;
     throw Error(ErrorInfo{
         .kind = ErrorKind::Protocol,
-        .message = fmt::format("rank {} sent {} while this rank expects {} #{} step {} (check {:#x}, {} bytes)", peer,
-                               describe(got), toString(op.type), op.sequence, a.step, op.checkValue, expectedPayload),
+        .message = fmt::format(
+            "rank {} sent {} while this rank expects {} #{} step {} (check {:#x}, {} bytes)", peer,
+            describe(got), toString(op.type), op.sequence, a.step, op.checkValue, expectedPayload),
         .peerRank = peer,
         .peerAddress = mesh.peerAddress(peer),
-        .hint = "every rank must call the same collectives in the same order with the same sizes, dtypes, roots "
+        .hint = "every rank must call the same collectives in the same order with the same sizes, "
+                "dtypes, roots "
                 "and reduce ops"});
   }
 
@@ -408,8 +446,9 @@ struct Engine::Impl {
           InboxIt in = *found;
           size_t payload = std::min(chunk, bytes - a.received[j]);
           const Header& h = in->header;
-          if (h.sequence != static_cast<uint32_t>(op.sequence) || h.opType != static_cast<uint8_t>(op.type) ||
-              h.step != a.step || h.check != op.checkValue || h.payload != payload) {
+          if (h.sequence != static_cast<uint32_t>(op.sequence) ||
+              h.opType != static_cast<uint8_t>(op.type) || h.step != a.step ||
+              h.check != op.checkValue || h.payload != payload) {
             mismatch(a, recv.peer, h, payload);
           }
           uint8_t* dst = op.recvBase + recv.range.offset + a.received[j];
@@ -483,13 +522,16 @@ struct Engine::Impl {
       if (found->header.check != op.bytes) {
         throw Error(ErrorInfo{
             .kind = ErrorKind::InvalidArgument,
-            .message = fmt::format("rank {} sent {} bytes with tag {}, but the receive expects {} bytes", from,
-                                   found->header.check, op.tag, op.bytes),
+            .message =
+                fmt::format("rank {} sent {} bytes with tag {}, but the receive expects {} bytes",
+                            from, found->header.check, op.tag, op.bytes),
             .peerRank = from,
-            .hint = "the tensors of a send and its matching recv must have the same size and dtype"});
+            .hint =
+                "the tensors of a send and its matching recv must have the same size and dtype"});
       }
       size_t payload = found->header.payload;
-      if (payload > 0) std::memcpy(op.buffer + a.done, recvSlot(from, found->slot) + kHeaderBytes, payload);
+      if (payload > 0)
+        std::memcpy(op.buffer + a.done, recvSlot(from, found->slot) + kHeaderBytes, payload);
       consume(from, found);
       a.source = from;
       a.done += payload;
@@ -573,8 +615,9 @@ struct Engine::Impl {
                                                : fmt::format(", still waiting for rank(s) {}",
                                                              fmt::join(waiting, ", "))),
         .peerRank = waiting.size() == 1 ? waiting.front() : -1,
-        .hint = "a rank is missing, slower, or called different collectives; raise the op's timeout "
-                "(RDMACC_TIMEOUT) if it is only slow"}));
+        .hint =
+            "a rank is missing, slower, or called different collectives; raise the op's timeout "
+            "(RDMACC_TIMEOUT) if it is only slow"}));
   }
 
   // Fails everything pending; later submissions fail at once.
@@ -582,7 +625,8 @@ struct Engine::Impl {
     if (broken) return;
     broken = error;
     bool pending = !collectives.empty() || !pointToPoint.empty();
-    log(pending ? LogLevel::Error : LogLevel::Info, "group '{}' is broken: {}", options.group, error.what());
+    log(pending ? LogLevel::Error : LogLevel::Info, "group '{}' is broken: {}", options.group,
+        error.what());
     {
       std::lock_guard lock(intakeMutex);
       brokenShared = true;
@@ -670,7 +714,8 @@ struct Engine::Impl {
   void sleep() {
     mesh.cq().arm();
     if (pollCompletions()) return;
-    std::array<pollfd, 3> fds{{{mesh.cq().fd(), POLLIN, 0}, {wakeFd.get(), POLLIN, 0}, {mesh.eventFd(), POLLIN, 0}}};
+    std::array<pollfd, 3> fds{
+        {{mesh.cq().fd(), POLLIN, 0}, {wakeFd.get(), POLLIN, 0}, {mesh.eventFd(), POLLIN, 0}}};
     int timeoutMs = 20;  // deadlines are checked at least this often
     ::poll(fds.data(), fds[2].fd >= 0 ? 3 : 2, timeoutMs);
     if (fds[1].revents & POLLIN) {
@@ -715,7 +760,8 @@ struct Engine::Impl {
     auto deadline = Clock::now() + std::chrono::seconds(2);
     auto outstanding = [&] {
       for (int peer = 0; peer < size; ++peer) {
-        if (peer != rank && !dead[static_cast<size_t>(peer)] && peers[static_cast<size_t>(peer)].sendQueueUsed > 0) {
+        if (peer != rank && !dead[static_cast<size_t>(peer)] &&
+            peers[static_cast<size_t>(peer)].sendQueueUsed > 0) {
           return true;
         }
       }
@@ -731,31 +777,39 @@ struct Engine::Impl {
   }
 };
 
-Engine::Engine(Mesh& mesh, Store& store, EngineOptions options) : impl_(std::make_unique<Impl>(mesh, options)) {
+Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
+    : impl_(std::make_unique<Impl>(mesh, options)) {
   Impl& s = *impl_;
-  if (options.slotBytes < 2 * kHeaderBytes || options.slotBytes % 64 != 0 || options.slotBytes > (1u << 30)) {
-    throw Error(ErrorKind::InvalidArgument, fmt::format("slot size {} is not usable", options.slotBytes),
+  if (options.slotBytes < 2 * kHeaderBytes || options.slotBytes % 64 != 0 ||
+      options.slotBytes > (1u << 30)) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("slot size {} is not usable", options.slotBytes),
                 "RDMACC_SLOT_BYTES must be a multiple of 64 between 128 and 1 GiB");
   }
   const auto recvDepth = mesh.qpParams().recvDepth;
   const auto sendDepth = mesh.qpParams().sendDepth;
   if (static_cast<uint32_t>(2 * options.slotsPerPeer + 4) > std::min(recvDepth, sendDepth)) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("{} slots per peer need queue depths of at least {} (send {}, receive {})",
-                            options.slotsPerPeer, 2 * options.slotsPerPeer + 4, sendDepth, recvDepth),
-                "raise RDMACC_QP_SEND_DEPTH/RDMACC_QP_RECV_DEPTH or lower RDMACC_SLOTS_PER_PEER");
+    throw Error(
+        ErrorKind::InvalidArgument,
+        fmt::format("{} slots per peer need queue depths of at least {} (send {}, receive {})",
+                    options.slotsPerPeer, 2 * options.slotsPerPeer + 4, sendDepth, recvDepth),
+        "raise RDMACC_QP_SEND_DEPTH/RDMACC_QP_RECV_DEPTH or lower RDMACC_SLOTS_PER_PEER");
   }
   s.chunk = options.slotBytes - kHeaderBytes;
-  size_t region = static_cast<size_t>(s.size) * static_cast<size_t>(options.slotsPerPeer) * options.slotBytes;
+  size_t region =
+      static_cast<size_t>(s.size) * static_cast<size_t>(options.slotsPerPeer) * options.slotBytes;
   s.recvRegion = PageBuffer(region);
   s.stagingRegion = PageBuffer(region);
-  s.recvMr = verbs::registerMemory(mesh.pd(), s.recvRegion.data(), region, verbs::kRemoteWriteAccess);
-  s.stagingMr = verbs::registerMemory(mesh.pd(), s.stagingRegion.data(), region, IBV_ACCESS_LOCAL_WRITE);
+  s.recvMr =
+      verbs::registerMemory(mesh.pd(), s.recvRegion.data(), region, verbs::kRemoteWriteAccess);
+  s.stagingMr =
+      verbs::registerMemory(mesh.pd(), s.stagingRegion.data(), region, IBV_ACCESS_LOCAL_WRITE);
 
-  PrefixStore group("rdmacc/engine/" + options.group, std::shared_ptr<Store>(&store, [](Store*) {}));
+  PrefixStore group("rdmacc/engine/" + options.group,
+                    std::shared_ptr<Store>(&store, [](Store*) {}));
   group.set(fmt::format("slots/{}", s.rank),
-            toBytes(fmt::format("{}:{}:{}:{}", reinterpret_cast<uintptr_t>(s.recvRegion.data()), s.recvMr->rkey,
-                                options.slotsPerPeer, options.slotBytes)));
+            toBytes(fmt::format("{}:{}:{}:{}", reinterpret_cast<uintptr_t>(s.recvRegion.data()),
+                                s.recvMr->rkey, options.slotsPerPeer, options.slotBytes)));
   s.peers.resize(static_cast<size_t>(s.size));
   s.dead.assign(static_cast<size_t>(s.size), false);
   for (int peer = 0; peer < s.size; ++peer) {
@@ -766,14 +820,16 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options) : impl_(std::mak
     int slots = 0;
     size_t slotBytes = 0;
     if (std::sscanf(text.c_str(), "%lu:%u:%d:%zu", &base, &rkey, &slots, &slotBytes) != 4) {
-      throw Error(ErrorKind::Protocol, fmt::format("rank {} published malformed slot information '{}'", peer, text));
+      throw Error(ErrorKind::Protocol,
+                  fmt::format("rank {} published malformed slot information '{}'", peer, text));
     }
     if (slots != options.slotsPerPeer || slotBytes != options.slotBytes) {
-      throw Error(ErrorInfo{.kind = ErrorKind::InvalidArgument,
-                            .message = fmt::format("rank {} uses {} slots of {} bytes, this rank {} of {}", peer,
-                                                   slots, slotBytes, options.slotsPerPeer, options.slotBytes),
-                            .peerRank = peer,
-                            .hint = "set RDMACC_SLOTS_PER_PEER and RDMACC_SLOT_BYTES the same on every rank"});
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::InvalidArgument,
+          .message = fmt::format("rank {} uses {} slots of {} bytes, this rank {} of {}", peer,
+                                 slots, slotBytes, options.slotsPerPeer, options.slotBytes),
+          .peerRank = peer,
+          .hint = "set RDMACC_SLOTS_PER_PEER and RDMACC_SLOT_BYTES the same on every rank"});
     }
     PeerState& p = s.peers[static_cast<size_t>(peer)];
     p.qp = mesh.qp(peer, 0);
@@ -785,7 +841,8 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options) : impl_(std::mak
     }
   }
   s.wakeFd = net::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!s.wakeFd) throw errnoError(ErrorKind::Internal, "eventfd", errno, "starting the progress engine");
+  if (!s.wakeFd)
+    throw errnoError(ErrorKind::Internal, "eventfd", errno, "starting the progress engine");
   s.thread = std::jthread([impl = impl_.get()](std::stop_token st) { impl->run(st); });
 }
 
@@ -794,7 +851,8 @@ Engine::~Engine() {
   impl_->wake();
   if (impl_->thread.joinable()) impl_->thread.join();
   impl_->takeIntake();
-  impl_->failAll(Error(ErrorKind::Aborted, "the backend was destroyed before the operation completed"));
+  impl_->failAll(
+      Error(ErrorKind::Aborted, "the backend was destroyed before the operation completed"));
 }
 
 void Engine::submit(std::unique_ptr<Operation> op) {
@@ -802,8 +860,8 @@ void Engine::submit(std::unique_ptr<Operation> op) {
     std::lock_guard lock(impl_->intakeMutex);
     if (impl_->brokenShared) {
       ErrorInfo info = impl_->brokenCopy->info();
-      info.message = fmt::format("{} cannot start: the group is broken by an earlier failure: {}", op->description,
-                                 info.message);
+      info.message = fmt::format("{} cannot start: the group is broken by an earlier failure: {}",
+                                 op->description, info.message);
       op->work->finish(std::make_exception_ptr(Error(std::move(info))));
       return;
     }
@@ -820,6 +878,8 @@ void Engine::abort(const std::string& reason) {
   impl_->wake();
 }
 
-size_t Engine::chunkBytes() const noexcept { return impl_->chunk; }
+size_t Engine::chunkBytes() const noexcept {
+  return impl_->chunk;
+}
 
 }  // namespace rdmacc

@@ -36,8 +36,8 @@ struct Operation {
   uint8_t* recvBase = nullptr;
   DataType dtype = DataType::UInt8;
   ReduceOp reduceOp = ReduceOp::Sum;
-  int64_t avgDivisor = 0;       // finalize ranges are divided by it (Avg)
-  uint64_t checkValue = 0;      // every rank of the op must present the same value
+  int64_t avgDivisor = 0;          // finalize ranges are divided by it (Avg)
+  uint64_t checkValue = 0;         // every rank of the op must present the same value
   std::function<void()> prologue;  // on the engine thread, when the op starts
   std::function<void()> epilogue;  // after the last step, before completion
   std::vector<uint8_t> scratch;    // memory the operation owns

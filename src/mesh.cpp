@@ -489,13 +489,16 @@ int Mesh::pathMtu(int peer) const {
   return c ? c->pathMtu : endpoint_.activeMtu;
 }
 
-int Mesh::eventFd() const noexcept { return events_ ? events_->get()->fd : -1; }
+int Mesh::eventFd() const noexcept {
+  return events_ ? events_->get()->fd : -1;
+}
 
 std::vector<int> Mesh::takeDisconnectedPeers() {
   std::vector<int> peers;
   if (!events_) return peers;
   while (auto event = events_->next(std::chrono::milliseconds(0))) {
-    if (event->event != RDMA_CM_EVENT_DISCONNECTED && event->event != RDMA_CM_EVENT_DEVICE_REMOVAL) continue;
+    if (event->event != RDMA_CM_EVENT_DISCONNECTED && event->event != RDMA_CM_EVENT_DEVICE_REMOVAL)
+      continue;
     for (size_t i = 0; i < connections_.size(); ++i) {
       const auto& c = connections_[i];
       if (c && (c->id.get() == event->id || event->event == RDMA_CM_EVENT_DEVICE_REMOVAL)) {

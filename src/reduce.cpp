@@ -44,17 +44,28 @@ void reduceTyped(void* dst, const void* src, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg:
-    case ReduceOp::PreMulSum: apply<T>(dst, src, n, [](T a, T b) { return add(a, b); }); return;
-    case ReduceOp::Product: apply<T>(dst, src, n, [](T a, T b) { return mul(a, b); }); return;
-    case ReduceOp::Min: apply<T>(dst, src, n, [](T a, T b) { return b < a ? b : a; }); return;
-    case ReduceOp::Max: apply<T>(dst, src, n, [](T a, T b) { return a < b ? b : a; }); return;
+    case ReduceOp::PreMulSum:
+      apply<T>(dst, src, n, [](T a, T b) { return add(a, b); });
+      return;
+    case ReduceOp::Product:
+      apply<T>(dst, src, n, [](T a, T b) { return mul(a, b); });
+      return;
+    case ReduceOp::Min:
+      apply<T>(dst, src, n, [](T a, T b) { return b < a ? b : a; });
+      return;
+    case ReduceOp::Max:
+      apply<T>(dst, src, n, [](T a, T b) { return a < b ? b : a; });
+      return;
     case ReduceOp::BAnd:
     case ReduceOp::BOr:
     case ReduceOp::BXor:
       if constexpr (std::is_integral_v<T>) {
-        if (op == ReduceOp::BAnd) apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a & b); });
-        if (op == ReduceOp::BOr) apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a | b); });
-        if (op == ReduceOp::BXor) apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a ^ b); });
+        if (op == ReduceOp::BAnd)
+          apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a & b); });
+        if (op == ReduceOp::BOr)
+          apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a | b); });
+        if (op == ReduceOp::BXor)
+          apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a ^ b); });
         return;
       }
       break;
@@ -94,7 +105,8 @@ void reduceBool(void* dst, const void* src, size_t n, ReduceOp op) {
     case ReduceOp::BXor:
       for (size_t i = 0; i < n; ++i) d[i] = (d[i] != 0) ^ (s[i] != 0);
       return;
-    default: throw Error(ErrorKind::Internal, "Bool reduction with an unsupported op");
+    default:
+      throw Error(ErrorKind::Internal, "Bool reduction with an unsupported op");
   }
 }
 
@@ -107,16 +119,23 @@ void mapTyped(void* data, size_t n, F f) {
 template <typename F>
 void mapNumeric(void* data, size_t n, DataType dtype, F f) {
   switch (dtype) {
-    case DataType::Float32: mapTyped<float>(data, n, [&](float v) { return static_cast<float>(f(v)); }); return;
-    case DataType::Float64: mapTyped<double>(data, n, [&](double v) { return f(v); }); return;
+    case DataType::Float32:
+      mapTyped<float>(data, n, [&](float v) { return static_cast<float>(f(v)); });
+      return;
+    case DataType::Float64:
+      mapTyped<double>(data, n, [&](double v) { return f(v); });
+      return;
     case DataType::Float16:
-      mapTyped<uint16_t>(data, n, [&](uint16_t v) { return floatToHalf(static_cast<float>(f(halfToFloat(v)))); });
+      mapTyped<uint16_t>(
+          data, n, [&](uint16_t v) { return floatToHalf(static_cast<float>(f(halfToFloat(v)))); });
       return;
     case DataType::BFloat16:
-      mapTyped<uint16_t>(data, n,
-                         [&](uint16_t v) { return floatToBfloat16(static_cast<float>(f(bfloat16ToFloat(v)))); });
+      mapTyped<uint16_t>(data, n, [&](uint16_t v) {
+        return floatToBfloat16(static_cast<float>(f(bfloat16ToFloat(v))));
+      });
       return;
-    default: throw Error(ErrorKind::Internal, "floating-point map on an integer type");
+    default:
+      throw Error(ErrorKind::Internal, "floating-point map on an integer type");
   }
 }
 
@@ -151,10 +170,11 @@ uint16_t floatToHalf(float f) noexcept {
   uint32_t sign = (x >> 16) & 0x8000;
   uint32_t absx = x & 0x7fffffffu;
   if (absx >= 0x7f800000u) {  // inf or NaN
-    return static_cast<uint16_t>(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 | ((absx >> 13) & 0x3ff) : 0));
+    return static_cast<uint16_t>(sign | 0x7c00 |
+                                 (absx > 0x7f800000u ? 0x200 | ((absx >> 13) & 0x3ff) : 0));
   }
   if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);  // rounds to inf
-  if (absx < 0x38800000u) {                                              // subnormal or zero in half
+  if (absx < 0x38800000u) {  // subnormal or zero in half
     if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
     uint32_t mant = (absx & 0x7fffff) | 0x800000;
     int shift = 126 - static_cast<int>(absx >> 23);  // 14..24
@@ -170,7 +190,9 @@ uint16_t floatToHalf(float f) noexcept {
   return static_cast<uint16_t>(sign | half);
 }
 
-float bfloat16ToFloat(uint16_t b) noexcept { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+float bfloat16ToFloat(uint16_t b) noexcept {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
 
 uint16_t floatToBfloat16(float f) noexcept {
   uint32_t x = std::bit_cast<uint32_t>(f);
@@ -181,40 +203,82 @@ uint16_t floatToBfloat16(float f) noexcept {
 
 void reduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op) {
   switch (dtype) {
-    case DataType::Float32: reduceTyped<float>(dst, src, n, op); return;
-    case DataType::Float64: reduceTyped<double>(dst, src, n, op); return;
-    case DataType::Float16: reduceHalf<halfToFloat, floatToHalf>(dst, src, n, op); return;
-    case DataType::BFloat16: reduceHalf<bfloat16ToFloat, floatToBfloat16>(dst, src, n, op); return;
-    case DataType::Int8: reduceTyped<int8_t>(dst, src, n, op); return;
-    case DataType::UInt8: reduceTyped<uint8_t>(dst, src, n, op); return;
-    case DataType::Int32: reduceTyped<int32_t>(dst, src, n, op); return;
-    case DataType::Int64: reduceTyped<int64_t>(dst, src, n, op); return;
-    case DataType::Bool: reduceBool(dst, src, n, op); return;
+    case DataType::Float32:
+      reduceTyped<float>(dst, src, n, op);
+      return;
+    case DataType::Float64:
+      reduceTyped<double>(dst, src, n, op);
+      return;
+    case DataType::Float16:
+      reduceHalf<halfToFloat, floatToHalf>(dst, src, n, op);
+      return;
+    case DataType::BFloat16:
+      reduceHalf<bfloat16ToFloat, floatToBfloat16>(dst, src, n, op);
+      return;
+    case DataType::Int8:
+      reduceTyped<int8_t>(dst, src, n, op);
+      return;
+    case DataType::UInt8:
+      reduceTyped<uint8_t>(dst, src, n, op);
+      return;
+    case DataType::Int32:
+      reduceTyped<int32_t>(dst, src, n, op);
+      return;
+    case DataType::Int64:
+      reduceTyped<int64_t>(dst, src, n, op);
+      return;
+    case DataType::Bool:
+      reduceBool(dst, src, n, op);
+      return;
   }
 }
 
 void scaleBy(void* data, size_t n, DataType dtype, double factor) {
   switch (dtype) {
-    case DataType::Int8: mapTyped<int8_t>(data, n, [&](int8_t v) { return static_cast<int8_t>(v * factor); }); return;
-    case DataType::UInt8: mapTyped<uint8_t>(data, n, [&](uint8_t v) { return static_cast<uint8_t>(v * factor); }); return;
-    case DataType::Int32: mapTyped<int32_t>(data, n, [&](int32_t v) { return static_cast<int32_t>(v * factor); }); return;
-    case DataType::Int64: mapTyped<int64_t>(data, n, [&](int64_t v) { return static_cast<int64_t>(static_cast<double>(v) * factor); }); return;
-    case DataType::Bool: throw Error(ErrorKind::Internal, "scaleBy on Bool");
-    default: mapNumeric(data, n, dtype, [&](double v) { return v * factor; }); return;
+    case DataType::Int8:
+      mapTyped<int8_t>(data, n, [&](int8_t v) { return static_cast<int8_t>(v * factor); });
+      return;
+    case DataType::UInt8:
+      mapTyped<uint8_t>(data, n, [&](uint8_t v) { return static_cast<uint8_t>(v * factor); });
+      return;
+    case DataType::Int32:
+      mapTyped<int32_t>(data, n, [&](int32_t v) { return static_cast<int32_t>(v * factor); });
+      return;
+    case DataType::Int64:
+      mapTyped<int64_t>(data, n, [&](int64_t v) {
+        return static_cast<int64_t>(static_cast<double>(v) * factor);
+      });
+      return;
+    case DataType::Bool:
+      throw Error(ErrorKind::Internal, "scaleBy on Bool");
+    default:
+      mapNumeric(data, n, dtype, [&](double v) { return v * factor; });
+      return;
   }
 }
 
 void divideBy(void* data, size_t n, DataType dtype, int64_t divisor) {
   switch (dtype) {
-    case DataType::Int8: mapTyped<int8_t>(data, n, [&](int8_t v) { return static_cast<int8_t>(v / divisor); }); return;
-    case DataType::UInt8: mapTyped<uint8_t>(data, n, [&](uint8_t v) { return static_cast<uint8_t>(v / divisor); }); return;
-    case DataType::Int32: mapTyped<int32_t>(data, n, [&](int32_t v) { return static_cast<int32_t>(v / divisor); }); return;
-    case DataType::Int64: mapTyped<int64_t>(data, n, [&](int64_t v) { return v / divisor; }); return;
-    case DataType::Bool: throw Error(ErrorKind::Internal, "divideBy on Bool");
+    case DataType::Int8:
+      mapTyped<int8_t>(data, n, [&](int8_t v) { return static_cast<int8_t>(v / divisor); });
+      return;
+    case DataType::UInt8:
+      mapTyped<uint8_t>(data, n, [&](uint8_t v) { return static_cast<uint8_t>(v / divisor); });
+      return;
+    case DataType::Int32:
+      mapTyped<int32_t>(data, n, [&](int32_t v) { return static_cast<int32_t>(v / divisor); });
+      return;
+    case DataType::Int64:
+      mapTyped<int64_t>(data, n, [&](int64_t v) { return v / divisor; });
+      return;
+    case DataType::Bool:
+      throw Error(ErrorKind::Internal, "divideBy on Bool");
     case DataType::Float32:  // divide in the type itself, as a framework's `sum / n` would
       mapTyped<float>(data, n, [&](float v) { return v / static_cast<float>(divisor); });
       return;
-    default: mapNumeric(data, n, dtype, [&](double v) { return v / static_cast<double>(divisor); }); return;
+    default:
+      mapNumeric(data, n, dtype, [&](double v) { return v / static_cast<double>(divisor); });
+      return;
   }
 }
 

@@ -18,5 +18,4 @@ void scaleBy(void* data, size_t count, DataType dtype, double factor);
 // data[i] /= divisor (Avg); integers truncate toward zero.
 void divideBy(void* data, size_t count, DataType dtype, int64_t divisor);
 
-
 }  // namespace rdmacc

@@ -1,50 +1,77 @@
-#include "rdmacc/options.hpp"
 #include "rdmacc/types.hpp"
+#include "rdmacc/options.hpp"
 #include "rdmacc/work.hpp"
 
 namespace rdmacc {
 
 size_t elementSize(DataType dtype) noexcept {
   switch (dtype) {
-    case DataType::Float32: return 4;
-    case DataType::Float64: return 8;
-    case DataType::Float16: return 2;
-    case DataType::BFloat16: return 2;
-    case DataType::Int8: return 1;
-    case DataType::UInt8: return 1;
-    case DataType::Int32: return 4;
-    case DataType::Int64: return 8;
-    case DataType::Bool: return 1;
+    case DataType::Float32:
+      return 4;
+    case DataType::Float64:
+      return 8;
+    case DataType::Float16:
+      return 2;
+    case DataType::BFloat16:
+      return 2;
+    case DataType::Int8:
+      return 1;
+    case DataType::UInt8:
+      return 1;
+    case DataType::Int32:
+      return 4;
+    case DataType::Int64:
+      return 8;
+    case DataType::Bool:
+      return 1;
   }
   return 1;
 }
 
 const char* toString(DataType dtype) noexcept {
   switch (dtype) {
-    case DataType::Float32: return "float32";
-    case DataType::Float64: return "float64";
-    case DataType::Float16: return "float16";
-    case DataType::BFloat16: return "bfloat16";
-    case DataType::Int8: return "int8";
-    case DataType::UInt8: return "uint8";
-    case DataType::Int32: return "int32";
-    case DataType::Int64: return "int64";
-    case DataType::Bool: return "bool";
+    case DataType::Float32:
+      return "float32";
+    case DataType::Float64:
+      return "float64";
+    case DataType::Float16:
+      return "float16";
+    case DataType::BFloat16:
+      return "bfloat16";
+    case DataType::Int8:
+      return "int8";
+    case DataType::UInt8:
+      return "uint8";
+    case DataType::Int32:
+      return "int32";
+    case DataType::Int64:
+      return "int64";
+    case DataType::Bool:
+      return "bool";
   }
   return "?";
 }
 
 const char* toString(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Product: return "prod";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::BAnd: return "band";
-    case ReduceOp::BOr: return "bor";
-    case ReduceOp::BXor: return "bxor";
-    case ReduceOp::PreMulSum: return "premulsum";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Product:
+      return "prod";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::BAnd:
+      return "band";
+    case ReduceOp::BOr:
+      return "bor";
+    case ReduceOp::BXor:
+      return "bxor";
+    case ReduceOp::PreMulSum:
+      return "premulsum";
   }
   return "?";
 }
@@ -59,48 +86,75 @@ bool supports(ReduceOp op, DataType dtype) noexcept {
     case ReduceOp::Sum:
     case ReduceOp::Product:
     case ReduceOp::Min:
-    case ReduceOp::Max: return true;
+    case ReduceOp::Max:
+      return true;
     case ReduceOp::Avg:
-    case ReduceOp::PreMulSum: return dtype != DataType::Bool;
+    case ReduceOp::PreMulSum:
+      return dtype != DataType::Bool;
     case ReduceOp::BAnd:
     case ReduceOp::BOr:
-    case ReduceOp::BXor: return !isFloatingPoint(dtype);
+    case ReduceOp::BXor:
+      return !isFloatingPoint(dtype);
   }
   return false;
 }
 
 const char* toString(Algorithm algorithm) noexcept {
   switch (algorithm) {
-    case Algorithm::Auto: return "auto";
-    case Algorithm::Ring: return "ring";
-    case Algorithm::Tree: return "tree";
-    case Algorithm::Linear: return "linear";
-    case Algorithm::Pairwise: return "pairwise";
-    case Algorithm::Dissemination: return "dissemination";
+    case Algorithm::Auto:
+      return "auto";
+    case Algorithm::Ring:
+      return "ring";
+    case Algorithm::Tree:
+      return "tree";
+    case Algorithm::Linear:
+      return "linear";
+    case Algorithm::Pairwise:
+      return "pairwise";
+    case Algorithm::Dissemination:
+      return "dissemination";
   }
   return "?";
 }
 
 const char* toString(OpType type) noexcept {
   switch (type) {
-    case OpType::Broadcast: return "broadcast";
-    case OpType::Allreduce: return "allreduce";
-    case OpType::AllreduceCoalesced: return "allreduce_coalesced";
-    case OpType::Reduce: return "reduce";
-    case OpType::Allgather: return "allgather";
-    case OpType::AllgatherBase: return "_allgather_base";
-    case OpType::AllgatherCoalesced: return "allgather_coalesced";
-    case OpType::Gather: return "gather";
-    case OpType::Scatter: return "scatter";
-    case OpType::ReduceScatter: return "reduce_scatter";
-    case OpType::ReduceScatterBase: return "_reduce_scatter_base";
-    case OpType::AlltoallBase: return "alltoall_base";
-    case OpType::Alltoall: return "alltoall";
-    case OpType::Send: return "send";
-    case OpType::Recv: return "recv";
-    case OpType::RecvAnysource: return "recvAnysource";
-    case OpType::Barrier: return "barrier";
-    case OpType::MonitoredBarrier: return "monitoredBarrier";
+    case OpType::Broadcast:
+      return "broadcast";
+    case OpType::Allreduce:
+      return "allreduce";
+    case OpType::AllreduceCoalesced:
+      return "allreduce_coalesced";
+    case OpType::Reduce:
+      return "reduce";
+    case OpType::Allgather:
+      return "allgather";
+    case OpType::AllgatherBase:
+      return "_allgather_base";
+    case OpType::AllgatherCoalesced:
+      return "allgather_coalesced";
+    case OpType::Gather:
+      return "gather";
+    case OpType::Scatter:
+      return "scatter";
+    case OpType::ReduceScatter:
+      return "reduce_scatter";
+    case OpType::ReduceScatterBase:
+      return "_reduce_scatter_base";
+    case OpType::AlltoallBase:
+      return "alltoall_base";
+    case OpType::Alltoall:
+      return "alltoall";
+    case OpType::Send:
+      return "send";
+    case OpType::Recv:
+      return "recv";
+    case OpType::RecvAnysource:
+      return "recvAnysource";
+    case OpType::Barrier:
+      return "barrier";
+    case OpType::MonitoredBarrier:
+      return "monitoredBarrier";
   }
   return "?";
 }

@@ -25,7 +25,8 @@ constexpr uint32_t kInternalTagBase = 0x80000000u;  // user tags are non-negativ
 }
 
 void checkTensor(const Tensor& t, const char* op, const char* what) {
-  if (t.data == nullptr && t.numel > 0) invalid(fmt::format("{}: {} has {} elements but no data", op, what, t.numel));
+  if (t.data == nullptr && t.numel > 0)
+    invalid(fmt::format("{}: {} has {} elements but no data", op, what, t.numel));
 }
 
 Tensor& single(std::vector<Tensor>& tensors, const char* op) {
@@ -39,9 +40,10 @@ Tensor& single(std::vector<Tensor>& tensors, const char* op) {
 
 void checkReduce(ReduceOp op, DataType dtype, double factor, const char* name) {
   if (!supports(op, dtype)) {
-    invalid(fmt::format("{}: reduce op {} is not defined for {}", name, toString(op), toString(dtype)),
-            isFloatingPoint(dtype) ? "band/bor/bxor need an integer or bool tensor"
-                                   : "avg and premulsum need a numeric (non-bool) tensor");
+    invalid(
+        fmt::format("{}: reduce op {} is not defined for {}", name, toString(op), toString(dtype)),
+        isFloatingPoint(dtype) ? "band/bor/bxor need an integer or bool tensor"
+                               : "avg and premulsum need a numeric (non-bool) tensor");
   }
   if (op == ReduceOp::PreMulSum && !std::isfinite(factor)) {
     invalid(fmt::format("{}: the PreMulSum factor {} is not finite", name, factor));
@@ -49,15 +51,16 @@ void checkReduce(ReduceOp op, DataType dtype, double factor, const char* name) {
 }
 
 int checkRoot(int64_t root, int size, const char* op) {
-  if (root < 0 || root >= size) invalid(fmt::format("{}: root rank {} is not in [0, {})", op, root, size));
+  if (root < 0 || root >= size)
+    invalid(fmt::format("{}: root rank {} is not in [0, {})", op, root, size));
   return static_cast<int>(root);
 }
 
 void checkSame(const Tensor& a, const Tensor& b, const char* op, const char* what) {
   checkTensor(b, op, what);
   if (a.dtype != b.dtype || a.numel != b.numel) {
-    invalid(fmt::format("{}: {} is {} x {}, but the input is {} x {}", op, what, b.numel, toString(b.dtype), a.numel,
-                        toString(a.dtype)),
+    invalid(fmt::format("{}: {} is {} x {}, but the input is {} x {}", op, what, b.numel,
+                        toString(b.dtype), a.numel, toString(a.dtype)),
             "every tensor of the call must match the input's size and dtype");
   }
 }
@@ -66,7 +69,9 @@ uint64_t checkValue(uint64_t bytes, uint64_t a = 0, uint64_t b = 0, uint64_t c =
   return bytes ^ (a << 40) ^ (b << 48) ^ (c << 56);
 }
 
-uint8_t* bytesOf(const Tensor& t) { return static_cast<uint8_t*>(t.data); }
+uint8_t* bytesOf(const Tensor& t) {
+  return static_cast<uint8_t*>(t.data);
+}
 
 }  // namespace
 
@@ -109,8 +114,9 @@ struct VerbsBackend::Impl {
     }
     op->work = std::make_shared<Work>(op->type, op->sequence);
     if (op->description.empty()) op->description = toString(op->type);
-    op->description = fmt::format("{} #{}{}", toString(op->type), op->sequence,
-                                  op->description == toString(op->type) ? "" : " (" + op->description + ")");
+    op->description =
+        fmt::format("{} #{}{}", toString(op->type), op->sequence,
+                    op->description == toString(op->type) ? "" : " (" + op->description + ")");
     auto work = op->work;
     Engine* e = engine.get();
     std::string what = op->description;
@@ -127,8 +133,8 @@ struct VerbsBackend::Impl {
   }
 
   // An allreduce over one contiguous buffer (used by allreduce and allreduce_coalesced).
-  void buildAllreduce(Operation& op, uint8_t* data, size_t count, DataType dtype, ReduceOp reduceOp, double factor,
-                      Algorithm algorithm) {
+  void buildAllreduce(Operation& op, uint8_t* data, size_t count, DataType dtype, ReduceOp reduceOp,
+                      double factor, Algorithm algorithm) {
     size_t es = elementSize(dtype);
     size_t bytes = count * es;
     Algorithm algo = choose(algorithm, "RDMACC_ALGO_ALLREDUCE", bytes);
@@ -136,8 +142,9 @@ struct VerbsBackend::Impl {
       invalid(fmt::format("allreduce has no {} algorithm", toString(algo)), "use ring or tree");
     }
     bool avg = reduceOp == ReduceOp::Avg;
-    op.schedule = algo == Algorithm::Ring ? algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg)
-                                          : algorithms::treeAllreduce(rank, size, bytes, avg);
+    op.schedule = algo == Algorithm::Ring
+                      ? algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg)
+                      : algorithms::treeAllreduce(rank, size, bytes, avg);
     op.sendBase = op.recvBase = data;
     op.dtype = dtype;
     op.reduceOp = reduceOp;
@@ -147,7 +154,8 @@ struct VerbsBackend::Impl {
     if (reduceOp == ReduceOp::PreMulSum) {
       op.prologue = [data, count, dtype, factor] { scaleBy(data, count, dtype, factor); };
     }
-    op.description = fmt::format("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp), toString(algo));
+    op.description =
+        fmt::format("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp), toString(algo));
   }
 };
 
@@ -159,10 +167,12 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   s.size = size;
   s.group = options.groupName;
   s.config = Config::load(options.config);
-  s.defaultTimeout = options.timeout.count() >= 0 ? options.timeout : s.config.getDuration("RDMACC_TIMEOUT");
+  s.defaultTimeout =
+      options.timeout.count() >= 0 ? options.timeout : s.config.getDuration("RDMACC_TIMEOUT");
   s.treeMaxBytes = static_cast<size_t>(s.config.getInt("RDMACC_TREE_MAX_BYTES"));
   if (!s.store) invalid("VerbsBackend needs a store", "pass a TCPStore, FileStore or HashStore");
-  s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config, MeshOptions{.group = options.groupName});
+  s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config,
+                                  MeshOptions{.group = options.groupName});
   s.engine = std::make_unique<Engine>(
       *s.mesh, *s.store,
       EngineOptions{.group = options.groupName,
@@ -173,31 +183,38 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
 
 VerbsBackend::~VerbsBackend() = default;
 
-size_t VerbsBackend::chunkBytes() const noexcept { return impl_->engine->chunkBytes(); }
+size_t VerbsBackend::chunkBytes() const noexcept {
+  return impl_->engine->chunkBytes();
+}
 
-std::shared_ptr<Work> VerbsBackend::broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts) {
+std::shared_ptr<Work> VerbsBackend::broadcast(std::vector<Tensor>& tensors,
+                                              const BroadcastOptions& opts) {
   Impl& s = *impl_;
   Tensor& t = single(tensors, "broadcast");
   int root = checkRoot(opts.rootRank, size_, "broadcast");
   if (opts.rootTensor != 0) invalid("broadcast: rootTensor must be 0 (one tensor per rank)");
   Algorithm algo = s.choose(opts.algorithm, "RDMACC_ALGO_BROADCAST", t.bytes());
-  if (algo != Algorithm::Ring && algo != Algorithm::Tree) invalid("broadcast has ring and tree algorithms only");
+  if (algo != Algorithm::Ring && algo != Algorithm::Tree)
+    invalid("broadcast has ring and tree algorithms only");
   auto op = s.collective(OpType::Broadcast, opts.timeout);
   op->schedule = algo == Algorithm::Ring ? algorithms::chainBroadcast(rank_, size_, root, t.bytes())
                                          : algorithms::treeBroadcast(rank_, size_, root, t.bytes());
   op->sendBase = op->recvBase = bytesOf(t);
-  op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(root), static_cast<uint64_t>(t.dtype),
-                              static_cast<uint64_t>(algo));
-  op->description = fmt::format("{} x {}, root {}, {}", t.numel, toString(t.dtype), root, toString(algo));
+  op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(root),
+                              static_cast<uint64_t>(t.dtype), static_cast<uint64_t>(algo));
+  op->description =
+      fmt::format("{} x {}, root {}, {}", t.numel, toString(t.dtype), root, toString(algo));
   return s.submit(std::move(op));
 }
 
-std::shared_ptr<Work> VerbsBackend::allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts) {
+std::shared_ptr<Work> VerbsBackend::allreduce(std::vector<Tensor>& tensors,
+                                              const AllreduceOptions& opts) {
   Impl& s = *impl_;
   Tensor& t = single(tensors, "allreduce");
   checkReduce(opts.reduceOp, t.dtype, opts.preMulFactor, "allreduce");
   auto op = s.collective(OpType::Allreduce, opts.timeout);
-  s.buildAllreduce(*op, bytesOf(t), t.numel, t.dtype, opts.reduceOp, opts.preMulFactor, opts.algorithm);
+  s.buildAllreduce(*op, bytesOf(t), t.numel, t.dtype, opts.reduceOp, opts.preMulFactor,
+                   opts.algorithm);
   return s.submit(std::move(op));
 }
 
@@ -242,7 +259,8 @@ std::shared_ptr<Work> VerbsBackend::allreduce_coalesced(std::vector<Tensor>& ten
   return s.submit(std::move(op));
 }
 
-std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts) {
+std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
+                                           const ReduceOptions& opts) {
   Impl& s = *impl_;
   Tensor& t = single(tensors, "reduce");
   int root = checkRoot(opts.rootRank, size_, "reduce");
@@ -271,22 +289,26 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors, const R
     int64_t n = size_;
     op->epilogue = [acc, count, dtype, n] { divideBy(acc, count, dtype, n); };
   }
-  op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(reduceOp), static_cast<uint64_t>(dtype),
-                              static_cast<uint64_t>(root));
-  op->description = fmt::format("{} x {}, {}, root {}", t.numel, toString(dtype), toString(reduceOp), root);
+  op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(reduceOp),
+                              static_cast<uint64_t>(dtype), static_cast<uint64_t>(root));
+  op->description =
+      fmt::format("{} x {}, {}, root {}", t.numel, toString(dtype), toString(reduceOp), root);
   return s.submit(std::move(op));
 }
 
-std::shared_ptr<Work> VerbsBackend::_allgather_base(Tensor& output, Tensor& input, const AllgatherOptions& opts) {
+std::shared_ptr<Work> VerbsBackend::_allgather_base(Tensor& output, Tensor& input,
+                                                    const AllgatherOptions& opts) {
   Impl& s = *impl_;
   checkTensor(input, "_allgather_base", "the input");
   checkTensor(output, "_allgather_base", "the output");
   if (output.dtype != input.dtype || output.numel != input.numel * static_cast<size_t>(size_)) {
-    invalid(fmt::format("_allgather_base: the output must be {} x {} ({} ranks x the input), got {} x {}",
-                        input.numel * static_cast<size_t>(size_), toString(input.dtype), size_, output.numel,
-                        toString(output.dtype)));
+    invalid(fmt::format(
+        "_allgather_base: the output must be {} x {} ({} ranks x the input), got {} x {}",
+        input.numel * static_cast<size_t>(size_), toString(input.dtype), size_, output.numel,
+        toString(output.dtype)));
   }
-  if (opts.algorithm != Algorithm::Auto && opts.algorithm != Algorithm::Ring) invalid("allgather has a ring only");
+  if (opts.algorithm != Algorithm::Auto && opts.algorithm != Algorithm::Ring)
+    invalid("allgather has a ring only");
   auto op = s.collective(OpType::AllgatherBase, opts.timeout);
   auto blocks = evenBlocks(output.numel, size_, elementSize(input.dtype));
   op->schedule = algorithms::ringAllgather(rank_, size_, blocks);
@@ -302,7 +324,8 @@ std::shared_ptr<Work> VerbsBackend::_allgather_base(Tensor& output, Tensor& inpu
   return s.submit(std::move(op));
 }
 
-std::shared_ptr<Work> VerbsBackend::allgather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+std::shared_ptr<Work> VerbsBackend::allgather(std::vector<std::vector<Tensor>>& outputs,
+                                              std::vector<Tensor>& inputs,
                                               const AllgatherOptions& opts) {
   Tensor& in = single(inputs, "allgather");
   if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
@@ -310,12 +333,14 @@ std::shared_ptr<Work> VerbsBackend::allgather(std::vector<std::vector<Tensor>>& 
   }
   for (const auto& o : outputs[0]) checkSame(in, o, "allgather", "an output tensor");
   std::vector<std::vector<Tensor>> lists(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) lists[static_cast<size_t>(r)] = {outputs[0][static_cast<size_t>(r)]};
+  for (int r = 0; r < size_; ++r)
+    lists[static_cast<size_t>(r)] = {outputs[0][static_cast<size_t>(r)]};
   return allgather_coalesced(lists, inputs, opts);
 }
 
-std::shared_ptr<Work> VerbsBackend::allgather_coalesced(std::vector<std::vector<Tensor>>& outputLists,
-                                                        std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
+std::shared_ptr<Work> VerbsBackend::allgather_coalesced(
+    std::vector<std::vector<Tensor>>& outputLists, std::vector<Tensor>& inputs,
+    const AllgatherOptions& opts) {
   Impl& s = *impl_;
   if (outputLists.size() != static_cast<size_t>(size_)) {
     invalid(fmt::format("allgather_coalesced needs {} output lists (one per rank), got {}", size_,
@@ -327,16 +352,20 @@ std::shared_ptr<Work> VerbsBackend::allgather_coalesced(std::vector<std::vector<
     perRank += t.bytes();
   }
   for (const auto& list : outputLists) {
-    if (list.size() != inputs.size()) invalid("allgather_coalesced: every output list must match the input list");
-    for (size_t i = 0; i < list.size(); ++i) checkSame(inputs[i], list[i], "allgather_coalesced", "an output");
+    if (list.size() != inputs.size())
+      invalid("allgather_coalesced: every output list must match the input list");
+    for (size_t i = 0; i < list.size(); ++i)
+      checkSame(inputs[i], list[i], "allgather_coalesced", "an output");
   }
-  if (opts.algorithm != Algorithm::Auto && opts.algorithm != Algorithm::Ring) invalid("allgather has a ring only");
+  if (opts.algorithm != Algorithm::Auto && opts.algorithm != Algorithm::Ring)
+    invalid("allgather has a ring only");
   bool plain = outputLists.size() > 0 && inputs.size() == 1;
   auto op = s.collective(plain ? OpType::Allgather : OpType::AllgatherCoalesced, opts.timeout);
   op->scratch.resize(perRank * static_cast<size_t>(size_));
   uint8_t* flat = op->scratch.data();
   std::vector<Range> blocks;
-  for (int r = 0; r < size_; ++r) blocks.push_back(Range{perRank * static_cast<size_t>(r), perRank});
+  for (int r = 0; r < size_; ++r)
+    blocks.push_back(Range{perRank * static_cast<size_t>(r), perRank});
   op->schedule = algorithms::ringAllgather(rank_, size_, blocks);
   op->sendBase = op->recvBase = flat;
   std::vector<Tensor> ins = inputs;
@@ -363,8 +392,8 @@ std::shared_ptr<Work> VerbsBackend::allgather_coalesced(std::vector<std::vector<
   return s.submit(std::move(op));
 }
 
-std::shared_ptr<Work> VerbsBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
-                                           const GatherOptions& opts) {
+std::shared_ptr<Work> VerbsBackend::gather(std::vector<std::vector<Tensor>>& outputs,
+                                           std::vector<Tensor>& inputs, const GatherOptions& opts) {
   Impl& s = *impl_;
   Tensor& in = single(inputs, "gather");
   int root = checkRoot(opts.rootRank, size_, "gather");
@@ -401,7 +430,8 @@ std::shared_ptr<Work> VerbsBackend::gather(std::vector<std::vector<Tensor>>& out
   return s.submit(std::move(op));
 }
 
-std::shared_ptr<Work> VerbsBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vector<Tensor>>& inputs,
+std::shared_ptr<Work> VerbsBackend::scatter(std::vector<Tensor>& outputs,
+                                            std::vector<std::vector<Tensor>>& inputs,
                                             const ScatterOptions& opts) {
   Impl& s = *impl_;
   Tensor& out = single(outputs, "scatter");
@@ -445,9 +475,10 @@ std::shared_ptr<Work> VerbsBackend::_reduce_scatter_base(Tensor& output, Tensor&
   checkTensor(input, "_reduce_scatter_base", "the input");
   checkTensor(output, "_reduce_scatter_base", "the output");
   if (output.dtype != input.dtype || input.numel != output.numel * static_cast<size_t>(size_)) {
-    invalid(fmt::format("_reduce_scatter_base: the input must be {} x {} ({} ranks x the output), got {} x {}",
-                        output.numel * static_cast<size_t>(size_), toString(output.dtype), size_, input.numel,
-                        toString(input.dtype)));
+    invalid(fmt::format(
+        "_reduce_scatter_base: the input must be {} x {} ({} ranks x the output), got {} x {}",
+        output.numel * static_cast<size_t>(size_), toString(output.dtype), size_, input.numel,
+        toString(input.dtype)));
   }
   checkReduce(opts.reduceOp, input.dtype, opts.preMulFactor, "reduce_scatter");
   if (opts.algorithm != Algorithm::Auto && opts.algorithm != Algorithm::Ring) {
@@ -475,8 +506,10 @@ std::shared_ptr<Work> VerbsBackend::_reduce_scatter_base(Tensor& output, Tensor&
   op->epilogue = [flat, out, mine] {
     if (mine.bytes > 0) std::memcpy(out.data, flat + mine.offset, mine.bytes);
   };
-  op->checkValue = checkValue(input.bytes(), static_cast<uint64_t>(reduceOp), static_cast<uint64_t>(input.dtype));
-  op->description = fmt::format("{} x {} per rank, {}", output.numel, toString(input.dtype), toString(reduceOp));
+  op->checkValue = checkValue(input.bytes(), static_cast<uint64_t>(reduceOp),
+                              static_cast<uint64_t>(input.dtype));
+  op->description =
+      fmt::format("{} x {} per rank, {}", output.numel, toString(input.dtype), toString(reduceOp));
   return s.submit(std::move(op));
 }
 
@@ -517,13 +550,17 @@ std::shared_ptr<Work> VerbsBackend::reduce_scatter(std::vector<Tensor>& outputs,
   op->epilogue = [flat, output, mine] {
     if (mine.bytes > 0) std::memcpy(output.data, flat + mine.offset, mine.bytes);
   };
-  op->checkValue = checkValue(bytes, static_cast<uint64_t>(reduceOp), static_cast<uint64_t>(out.dtype));
-  op->description = fmt::format("{} x {} per rank, {}", out.numel, toString(out.dtype), toString(reduceOp));
+  op->checkValue =
+      checkValue(bytes, static_cast<uint64_t>(reduceOp), static_cast<uint64_t>(out.dtype));
+  op->description =
+      fmt::format("{} x {} per rank, {}", out.numel, toString(out.dtype), toString(reduceOp));
   return s.submit(std::move(op));
 }
 
-std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input, std::vector<int64_t>& outputSplits,
-                                                  std::vector<int64_t>& inputSplits, const AllToAllOptions& opts) {
+std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
+                                                  std::vector<int64_t>& outputSplits,
+                                                  std::vector<int64_t>& inputSplits,
+                                                  const AllToAllOptions& opts) {
   Impl& s = *impl_;
   checkTensor(input, "alltoall_base", "the input");
   checkTensor(output, "alltoall_base", "the output");
@@ -532,8 +569,8 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
     std::vector<size_t> counts;
     if (given.empty()) {
       if (t.numel % static_cast<size_t>(size_) != 0) {
-        invalid(fmt::format("alltoall_base: the {} has {} elements, not divisible by {} ranks", what, t.numel,
-                            size_),
+        invalid(fmt::format("alltoall_base: the {} has {} elements, not divisible by {} ranks",
+                            what, t.numel, size_),
                 "pass split sizes");
       }
       counts.assign(static_cast<size_t>(size_), t.numel / static_cast<size_t>(size_));
@@ -549,15 +586,17 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
       sum += static_cast<size_t>(c);
     }
     if (sum != t.numel) {
-      invalid(fmt::format("alltoall_base: the {} split sizes add up to {}, but the tensor has {} elements", what,
-                          sum, t.numel));
+      invalid(fmt::format(
+          "alltoall_base: the {} split sizes add up to {}, but the tensor has {} elements", what,
+          sum, t.numel));
     }
     return counts;
   };
   auto inCounts = splits(inputSplits, input, "input");
   auto outCounts = splits(outputSplits, output, "output");
   if (inCounts[static_cast<size_t>(rank_)] != outCounts[static_cast<size_t>(rank_)]) {
-    invalid("alltoall_base: what this rank sends to itself must equal what it receives from itself");
+    invalid(
+        "alltoall_base: what this rank sends to itself must equal what it receives from itself");
   }
   auto op = s.collective(OpType::AlltoallBase, opts.timeout);
   size_t es = elementSize(input.dtype);
@@ -582,12 +621,13 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
   return s.submit(std::move(op));
 }
 
-std::shared_ptr<Work> VerbsBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+std::shared_ptr<Work> VerbsBackend::alltoall(std::vector<Tensor>& outputs,
+                                             std::vector<Tensor>& inputs,
                                              const AllToAllOptions& opts) {
   Impl& s = *impl_;
   if (outputs.size() != static_cast<size_t>(size_) || inputs.size() != static_cast<size_t>(size_)) {
-    invalid(fmt::format("alltoall needs {} input and {} output tensors, got {} and {}", size_, size_, inputs.size(),
-                        outputs.size()));
+    invalid(fmt::format("alltoall needs {} input and {} output tensors, got {} and {}", size_,
+                        size_, inputs.size(), outputs.size()));
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkTensor(inputs[i], "alltoall", "an input");
@@ -624,11 +664,13 @@ std::shared_ptr<Work> VerbsBackend::alltoall(std::vector<Tensor>& outputs, std::
       if (ins[i].bytes() > 0) std::memcpy(in + sendBlocks[i].offset, ins[i].data, ins[i].bytes());
     }
     const Range& self = sendBlocks[static_cast<size_t>(me)];
-    if (self.bytes > 0) std::memcpy(out + recvBlocks[static_cast<size_t>(me)].offset, in + self.offset, self.bytes);
+    if (self.bytes > 0)
+      std::memcpy(out + recvBlocks[static_cast<size_t>(me)].offset, in + self.offset, self.bytes);
   };
   op->epilogue = [out, outs, recvBlocks] {
     for (size_t i = 0; i < outs.size(); ++i) {
-      if (outs[i].bytes() > 0) std::memcpy(outs[i].data, out + recvBlocks[i].offset, outs[i].bytes());
+      if (outs[i].bytes() > 0)
+        std::memcpy(outs[i].data, out + recvBlocks[i].offset, outs[i].bytes());
     }
   };
   op->checkValue = checkValue(0, static_cast<uint64_t>(inputs[0].dtype));
@@ -657,21 +699,22 @@ std::unique_ptr<Operation> pointToPointOp(OpType type, Tensor& t, int peer, uint
   op->bytes = t.bytes();
   op->timeout = timeout;
   op->description = fmt::format("{} x {}, {} rank {}, tag {}", t.numel, toString(t.dtype),
-                                type == OpType::Send ? "to" : "from", peer < 0 ? std::string("any")
-                                                                               : std::to_string(peer),
-                                tag);
+                                type == OpType::Send ? "to" : "from",
+                                peer < 0 ? std::string("any") : std::to_string(peer), tag);
   return op;
 }
 
 void checkPeer(int peer, int rank, int size, const char* op) {
   if (peer < 0 || peer >= size || peer == rank) {
-    invalid(fmt::format("{}: peer rank {} is not another rank of this group of {} (this is rank {})", op, peer, size,
-                        rank));
+    invalid(
+        fmt::format("{}: peer rank {} is not another rank of this group of {} (this is rank {})",
+                    op, peer, size, rank));
   }
 }
 
 void checkTag(int tag, const char* op) {
-  if (tag < 0) invalid(fmt::format("{}: tag {} is negative", op, tag), "tags are non-negative integers");
+  if (tag < 0)
+    invalid(fmt::format("{}: tag {} is negative", op, tag), "tags are non-negative integers");
 }
 
 }  // namespace
@@ -696,8 +739,8 @@ std::shared_ptr<Work> VerbsBackend::recvAnysource(std::vector<Tensor>& tensors, 
   Tensor& t = single(tensors, "recvAnysource");
   checkTag(tag, "recvAnysource");
   if (size_ == 1) invalid("recvAnysource in a group of one: there is nobody to receive from");
-  return impl_->submit(
-      pointToPointOp(OpType::RecvAnysource, t, -1, static_cast<uint32_t>(tag), impl_->defaultTimeout));
+  return impl_->submit(pointToPointOp(OpType::RecvAnysource, t, -1, static_cast<uint32_t>(tag),
+                                      impl_->defaultTimeout));
 }
 
 void VerbsBackend::monitoredBarrier(const BarrierOptions& opts, bool waitAllRanks) {
@@ -715,7 +758,8 @@ void VerbsBackend::monitoredBarrier(const BarrierOptions& opts, bool waitAllRank
   }
   std::vector<std::shared_ptr<Work>> arrivals(static_cast<size_t>(size_));
   for (int r = 1; r < size_; ++r) {
-    arrivals[static_cast<size_t>(r)] = s.submit(pointToPointOp(OpType::Recv, empty, r, arriveTag, timeout));
+    arrivals[static_cast<size_t>(r)] =
+        s.submit(pointToPointOp(OpType::Recv, empty, r, arriveTag, timeout));
   }
   std::vector<int> missing;
   for (int r = 1; r < size_; ++r) {
@@ -729,13 +773,15 @@ void VerbsBackend::monitoredBarrier(const BarrierOptions& opts, bool waitAllRank
   if (!missing.empty()) {
     std::vector<int> named = waitAllRanks ? missing : std::vector<int>{missing.front()};
     throw Error(ErrorInfo{.kind = ErrorKind::Timeout,
-                          .message = fmt::format("monitoredBarrier: rank(s) {} did not reach the barrier within {} ms",
-                                                 fmt::join(named, ", "), timeout.count()),
+                          .message = fmt::format(
+                              "monitoredBarrier: rank(s) {} did not reach the barrier within {} ms",
+                              fmt::join(named, ", "), timeout.count()),
                           .peerRank = named.front(),
                           .hint = "those ranks are stuck, slower, or failed; see their output"});
   }
   std::vector<std::shared_ptr<Work>> releases;
-  for (int r = 1; r < size_; ++r) releases.push_back(s.submit(pointToPointOp(OpType::Send, empty, r, releaseTag, timeout)));
+  for (int r = 1; r < size_; ++r)
+    releases.push_back(s.submit(pointToPointOp(OpType::Send, empty, r, releaseTag, timeout)));
   for (auto& w : releases) w->wait();
 }
 

@@ -35,10 +35,11 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   if (timeout == std::chrono::milliseconds::max()) {
     done_.wait(lock, [&] { return settled_; });
   } else if (!done_.wait_for(lock, timeout, [&] { return settled_; })) {
-    throw Error(ErrorKind::Timeout,
-                fmt::format("Work::wait timed out after {} ms on {} #{} (the operation continues)",
-                            timeout.count(), toString(type_), sequence_),
-                "wait longer, or pass a timeout in the operation's options to fail the operation itself");
+    throw Error(
+        ErrorKind::Timeout,
+        fmt::format("Work::wait timed out after {} ms on {} #{} (the operation continues)",
+                    timeout.count(), toString(type_), sequence_),
+        "wait longer, or pass a timeout in the operation's options to fail the operation itself");
   }
   if (error_) std::rethrow_exception(error_);
   return true;
@@ -54,8 +55,8 @@ void Work::abort() {
   if (handler) {
     handler();
   } else {
-    finish(std::make_exception_ptr(Error(ErrorKind::Aborted, fmt::format("{} #{} was aborted", toString(type_),
-                                                                         sequence_))));
+    finish(std::make_exception_ptr(
+        Error(ErrorKind::Aborted, fmt::format("{} #{} was aborted", toString(type_), sequence_))));
   }
 }
 
@@ -94,7 +95,8 @@ void Work::runCallbacks(std::vector<std::function<void(Work&)>>& callbacks) {
     try {
       fn(*this);
     } catch (const std::exception& e) {
-      log(LogLevel::Error, "a completion callback of {} #{} threw: {}", toString(type_), sequence_, e.what());
+      log(LogLevel::Error, "a completion callback of {} #{} threw: {}", toString(type_), sequence_,
+          e.what());
     } catch (...) {
       log(LogLevel::Error, "a completion callback of {} #{} threw", toString(type_), sequence_);
     }

@@ -45,25 +45,33 @@ struct Args {
 };
 
 void usage(FILE* out) {
-  fmt::print(out,
-             "usage: rdmacc-perf [-c COLLECTIVE] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-             "                   [-d DTYPE] [-o OP] [-r ROOT] [-a ALGO] [--check] [--json FILE]\n"
-             "Start it with a launcher: rdmacc-run -n 4 -- rdmacc-perf -c allreduce -b 8 -e 16M\n"
-             "  -c  allreduce (default), broadcast, reduce, allgather, reduce_scatter, alltoall, gather,\n"
-             "      scatter, sendrecv, barrier; or write (RDMA WRITE between 2 ranks, like ib_write_bw/lat)\n"
-             "  -b  smallest size in bytes (default 8; suffixes K, M, G)   -e  largest size (default 8M)\n"
-             "  -f  size multiplication factor (default 2)                 -n  iterations per size (default 20)\n"
-             "  -w  warm-up iterations (default 5)                         -d  dtype: float (default), double,\n"
-             "      half, bfloat16, int8, uint8, int32, int64             -o  sum (default), prod, min, max, avg\n"
-             "  -r  root rank (default 0)                                  -a  algorithm: auto, ring, tree\n"
-             "  --check  verify every element of every size (#wrong column)\n"
-             "  --json FILE  write the results as JSON\n"
-             "  write only: -m bw|lat|all (default all), -t writes in flight (default 128)\n"
-             "Sizes and definitions follow nccl-tests: size is the bytes of the per-rank buffer for\n"
-             "allreduce/broadcast/reduce, of the gathered buffer for allgather/gather, of the input for\n"
-             "reduce_scatter/scatter, of each rank's buffer for alltoall. algbw = size / time;\n"
-             "busbw = algbw x 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter, alltoall, gather,\n"
-             "scatter), 1 (broadcast, reduce, sendrecv). Time: mean per iteration, averaged over ranks.\n");
+  fmt::print(
+      out,
+      "usage: rdmacc-perf [-c COLLECTIVE] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
+      "                   [-d DTYPE] [-o OP] [-r ROOT] [-a ALGO] [--check] [--json FILE]\n"
+      "Start it with a launcher: rdmacc-run -n 4 -- rdmacc-perf -c allreduce -b 8 -e 16M\n"
+      "  -c  allreduce (default), broadcast, reduce, allgather, reduce_scatter, alltoall, gather,\n"
+      "      scatter, sendrecv, barrier; or write (RDMA WRITE between 2 ranks, like "
+      "ib_write_bw/lat)\n"
+      "  -b  smallest size in bytes (default 8; suffixes K, M, G)   -e  largest size (default 8M)\n"
+      "  -f  size multiplication factor (default 2)                 -n  iterations per size "
+      "(default 20)\n"
+      "  -w  warm-up iterations (default 5)                         -d  dtype: float (default), "
+      "double,\n"
+      "      half, bfloat16, int8, uint8, int32, int64             -o  sum (default), prod, min, "
+      "max, avg\n"
+      "  -r  root rank (default 0)                                  -a  algorithm: auto, ring, "
+      "tree\n"
+      "  --check  verify every element of every size (#wrong column)\n"
+      "  --json FILE  write the results as JSON\n"
+      "  write only: -m bw|lat|all (default all), -t writes in flight (default 128)\n"
+      "Sizes and definitions follow nccl-tests: size is the bytes of the per-rank buffer for\n"
+      "allreduce/broadcast/reduce, of the gathered buffer for allgather/gather, of the input for\n"
+      "reduce_scatter/scatter, of each rank's buffer for alltoall. algbw = size / time;\n"
+      "busbw = algbw x 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter, alltoall, "
+      "gather,\n"
+      "scatter), 1 (broadcast, reduce, sendrecv). Time: mean per iteration, averaged over "
+      "ranks.\n");
 }
 
 size_t parseSize(const std::string& text, const char* flag) {
@@ -71,10 +79,20 @@ size_t parseSize(const std::string& text, const char* flag) {
   std::string digits = text;
   if (!text.empty()) {
     switch (text.back()) {
-      case 'K': case 'k': mult = 1ull << 10; break;
-      case 'M': case 'm': mult = 1ull << 20; break;
-      case 'G': case 'g': mult = 1ull << 30; break;
-      default: break;
+      case 'K':
+      case 'k':
+        mult = 1ull << 10;
+        break;
+      case 'M':
+      case 'm':
+        mult = 1ull << 20;
+        break;
+      case 'G':
+      case 'g':
+        mult = 1ull << 30;
+        break;
+      default:
+        break;
     }
     if (mult != 1) digits.pop_back();
   }
@@ -102,7 +120,8 @@ ReduceOp parseOp(const std::string& s) {
   if (s == "min") return ReduceOp::Min;
   if (s == "max") return ReduceOp::Max;
   if (s == "avg") return ReduceOp::Avg;
-  throw Error(ErrorKind::InvalidArgument, fmt::format("-o {} is not a reduce op", s), "use sum, prod, min, max or avg");
+  throw Error(ErrorKind::InvalidArgument, fmt::format("-o {} is not a reduce op", s),
+              "use sum, prod, min, max or avg");
 }
 
 Args parse(int argc, char** argv) {
@@ -118,26 +137,43 @@ Args parse(int argc, char** argv) {
       continue;
     }
     if (i + 1 >= argc) {
-      throw Error(ErrorKind::InvalidArgument, fmt::format("{} needs a value", k), "see rdmacc-perf --help");
+      throw Error(ErrorKind::InvalidArgument, fmt::format("{} needs a value", k),
+                  "see rdmacc-perf --help");
     }
     std::string v = argv[++i];
-    if (k == "-c") a.collective = v;
-    else if (k == "-b") a.minBytes = parseSize(v, "-b");
-    else if (k == "-e") a.maxBytes = parseSize(v, "-e");
-    else if (k == "-f") a.factor = std::stod(v);
-    else if (k == "-n") a.iterations = static_cast<int>(parseInt(v, "-n")), a.iterationsGiven = true;
-    else if (k == "-w") a.warmup = static_cast<int>(parseInt(v, "-w"));
-    else if (k == "-m") a.mode = v;
-    else if (k == "-t") a.txDepth = static_cast<int>(parseInt(v, "-t"));
-    else if (k == "-d") a.dtype = parseType(v);
-    else if (k == "-o") a.op = parseOp(v);
-    else if (k == "-r") a.root = static_cast<int>(parseInt(v, "-r"));
-    else if (k == "-a") a.algorithm = v == "ring" ? Algorithm::Ring : v == "tree" ? Algorithm::Tree : Algorithm::Auto;
-    else if (k == "--json") a.json = v;
-    else throw Error(ErrorKind::InvalidArgument, fmt::format("unknown option {}", k), "see rdmacc-perf --help");
+    if (k == "-c")
+      a.collective = v;
+    else if (k == "-b")
+      a.minBytes = parseSize(v, "-b");
+    else if (k == "-e")
+      a.maxBytes = parseSize(v, "-e");
+    else if (k == "-f")
+      a.factor = std::stod(v);
+    else if (k == "-n")
+      a.iterations = static_cast<int>(parseInt(v, "-n")), a.iterationsGiven = true;
+    else if (k == "-w")
+      a.warmup = static_cast<int>(parseInt(v, "-w"));
+    else if (k == "-m")
+      a.mode = v;
+    else if (k == "-t")
+      a.txDepth = static_cast<int>(parseInt(v, "-t"));
+    else if (k == "-d")
+      a.dtype = parseType(v);
+    else if (k == "-o")
+      a.op = parseOp(v);
+    else if (k == "-r")
+      a.root = static_cast<int>(parseInt(v, "-r"));
+    else if (k == "-a")
+      a.algorithm = v == "ring" ? Algorithm::Ring : v == "tree" ? Algorithm::Tree : Algorithm::Auto;
+    else if (k == "--json")
+      a.json = v;
+    else
+      throw Error(ErrorKind::InvalidArgument, fmt::format("unknown option {}", k),
+                  "see rdmacc-perf --help");
   }
-  static const std::vector<std::string> kKnown = {"allreduce", "broadcast", "reduce",  "allgather", "reduce_scatter",
-                                                  "alltoall",  "gather",    "scatter", "sendrecv",  "barrier", "write"};
+  static const std::vector<std::string> kKnown = {
+      "allreduce", "broadcast", "reduce",   "allgather", "reduce_scatter", "alltoall",
+      "gather",    "scatter",   "sendrecv", "barrier",   "write"};
   if (std::find(kKnown.begin(), kKnown.end(), a.collective) == kKnown.end()) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("-c {} is not a collective", a.collective),
                 "see rdmacc-perf --help for the list");
@@ -147,7 +183,8 @@ Args parse(int argc, char** argv) {
   if (a.mode != "bw" && a.mode != "lat" && a.mode != "all") {
     throw Error(ErrorKind::InvalidArgument, fmt::format("-m {} is not bw, lat or all", a.mode));
   }
-  if (a.maxBytes < a.minBytes || a.factor <= 1 || a.iterations < 1 || a.warmup < 0 || a.txDepth < 1) {
+  if (a.maxBytes < a.minBytes || a.factor <= 1 || a.iterations < 1 || a.warmup < 0 ||
+      a.txDepth < 1) {
     throw Error(ErrorKind::InvalidArgument, "need -b <= -e, -f > 1, -n >= 1, -w >= 0, -t >= 1");
   }
   return a;
@@ -155,8 +192,8 @@ Args parse(int argc, char** argv) {
 
 std::vector<size_t> sizes(const Args& a) {
   std::vector<size_t> out;
-  for (double s = static_cast<double>(std::max<size_t>(a.minBytes, 1)); s <= static_cast<double>(a.maxBytes) + 0.5;
-       s *= a.factor) {
+  for (double s = static_cast<double>(std::max<size_t>(a.minBytes, 1));
+       s <= static_cast<double>(a.maxBytes) + 0.5; s *= a.factor) {
     size_t v = static_cast<size_t>(s + 0.5);
     if (out.empty() || v != out.back()) out.push_back(v);
   }
@@ -175,15 +212,15 @@ int runWrite(const Args& args, GroupEnvironment& group, const Config& config) {
   if (args.mode != "lat") {
     if (lead) {
       fmt::print("# RDMA WRITE bandwidth (ib_write_bw definitions)\n");
-      fmt::print(" {:>10} {:>12} {:>16} {:>19} {:>14} {:>6}\n", "#bytes", "#iterations", "BW peak[MB/sec]",
-                 "BW average[MB/sec]", "MsgRate[Mpps]", "data");
+      fmt::print(" {:>10} {:>12} {:>16} {:>19} {:>14} {:>6}\n", "#bytes", "#iterations",
+                 "BW peak[MB/sec]", "BW average[MB/sec]", "MsgRate[Mpps]", "data");
     }
     for (size_t s : sizes(args)) {
       auto r = bench.bandwidth(s, args.iterations, args.warmup);
       intact = intact && r.dataIntact;
       if (lead) {
-        fmt::print(" {:>10} {:>12} {:>16.2f} {:>19.2f} {:>14.6f} {:>6}\n", r.bytes, r.iterations, r.peakMBps,
-                   r.averageMBps, r.messageRateMpps, r.dataIntact ? "ok" : "BAD");
+        fmt::print(" {:>10} {:>12} {:>16.2f} {:>19.2f} {:>14.6f} {:>6}\n", r.bytes, r.iterations,
+                   r.peakMBps, r.averageMBps, r.messageRateMpps, r.dataIntact ? "ok" : "BAD");
         std::fflush(stdout);
       }
     }
@@ -191,14 +228,17 @@ int runWrite(const Args& args, GroupEnvironment& group, const Config& config) {
   if (args.mode != "bw") {
     if (lead) {
       fmt::print("# RDMA WRITE latency (ib_write_lat definitions: half round trip, usec)\n");
-      fmt::print(" {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "#bytes", "#iterations",
-                 "t_min", "t_max", "t_typical", "t_avg", "t_stdev", "99%", "99.9%");
+      fmt::print(" {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "#bytes",
+                 "#iterations", "t_min", "t_max", "t_typical", "t_avg", "t_stdev", "99%", "99.9%");
     }
     for (size_t s : sizes(args)) {
       auto r = bench.latency(s, args.iterations, args.warmup);
       if (lead) {
-        fmt::print(" {:>10} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", r.bytes,
-                   r.iterations, r.minUs, r.maxUs, r.typicalUs, r.averageUs, r.stdevUs, r.p99Us, r.p999Us);
+        fmt::print(
+            " {:>10} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} "
+            "{:>10.2f}\n",
+            r.bytes, r.iterations, r.minUs, r.maxUs, r.typicalUs, r.averageUs, r.stdevUs, r.p99Us,
+            r.p999Us);
         std::fflush(stdout);
       }
     }
@@ -222,46 +262,112 @@ struct Buffer {
   void set(size_t i, double v) {
     uint8_t* p = bytes.data() + i * elementSize(dtype);
     switch (dtype) {
-      case DataType::Float32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
-      case DataType::Float64: std::memcpy(p, &v, 8); break;
-      case DataType::Float16: { uint16_t h = floatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-      case DataType::BFloat16: { uint16_t h = floatToBfloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-      case DataType::Int8: *p = static_cast<uint8_t>(static_cast<int8_t>(v)); break;
-      case DataType::UInt8: *p = static_cast<uint8_t>(v); break;
-      case DataType::Int32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-      case DataType::Int64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-      case DataType::Bool: *p = v != 0; break;
+      case DataType::Float32: {
+        float f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case DataType::Float64:
+        std::memcpy(p, &v, 8);
+        break;
+      case DataType::Float16: {
+        uint16_t h = floatToHalf(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::BFloat16: {
+        uint16_t h = floatToBfloat16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::Int8:
+        *p = static_cast<uint8_t>(static_cast<int8_t>(v));
+        break;
+      case DataType::UInt8:
+        *p = static_cast<uint8_t>(v);
+        break;
+      case DataType::Int32: {
+        int32_t x = static_cast<int32_t>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::Int64: {
+        int64_t x = static_cast<int64_t>(v);
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DataType::Bool:
+        *p = v != 0;
+        break;
     }
   }
   double get(size_t i) const {
     const uint8_t* p = bytes.data() + i * elementSize(dtype);
     switch (dtype) {
-      case DataType::Float32: { float f; std::memcpy(&f, p, 4); return f; }
-      case DataType::Float64: { double d; std::memcpy(&d, p, 8); return d; }
-      case DataType::Float16: { uint16_t h; std::memcpy(&h, p, 2); return halfToFloat(h); }
-      case DataType::BFloat16: { uint16_t h; std::memcpy(&h, p, 2); return bfloat16ToFloat(h); }
-      case DataType::Int8: return static_cast<int8_t>(*p);
-      case DataType::UInt8: return *p;
-      case DataType::Int32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-      case DataType::Int64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-      case DataType::Bool: return *p;
+      case DataType::Float32: {
+        float f;
+        std::memcpy(&f, p, 4);
+        return f;
+      }
+      case DataType::Float64: {
+        double d;
+        std::memcpy(&d, p, 8);
+        return d;
+      }
+      case DataType::Float16: {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        return halfToFloat(h);
+      }
+      case DataType::BFloat16: {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        return bfloat16ToFloat(h);
+      }
+      case DataType::Int8:
+        return static_cast<int8_t>(*p);
+      case DataType::UInt8:
+        return *p;
+      case DataType::Int32: {
+        int32_t x;
+        std::memcpy(&x, p, 4);
+        return x;
+      }
+      case DataType::Int64: {
+        int64_t x;
+        std::memcpy(&x, p, 8);
+        return static_cast<double>(x);
+      }
+      case DataType::Bool:
+        return *p;
     }
     return 0;
   }
 };
 
-// Rank r's value at element i: 1..4, so sums, products (for n <= 8) and averages of n ranks are exact.
-double value(int r, size_t i) { return static_cast<double>((static_cast<size_t>(r) * 3 + i) % 4 + 1); }
+// Rank r's value at element i: 1..4, so sums, products (for n <= 8) and averages of n ranks are
+// exact.
+double value(int r, size_t i) {
+  return static_cast<double>((static_cast<size_t>(r) * 3 + i) % 4 + 1);
+}
 
 double reduced(ReduceOp op, int n, size_t i, DataType t) {
   double acc = value(0, i);
   for (int r = 1; r < n; ++r) {
     double v = value(r, i);
     switch (op) {
-      case ReduceOp::Product: acc *= v; break;
-      case ReduceOp::Min: acc = std::min(acc, v); break;
-      case ReduceOp::Max: acc = std::max(acc, v); break;
-      default: acc += v; break;
+      case ReduceOp::Product:
+        acc *= v;
+        break;
+      case ReduceOp::Min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::Max:
+        acc = std::max(acc, v);
+        break;
+      default:
+        acc += v;
+        break;
     }
   }
   if (op == ReduceOp::Avg) acc = isFloatingPoint(t) ? acc / n : std::trunc(acc / n);
@@ -284,7 +390,8 @@ struct Case {
 
 class CollectiveBench {
  public:
-  CollectiveBench(const Args& a, std::shared_ptr<VerbsBackend> b) : args_(a), backend_(std::move(b)) {
+  CollectiveBench(const Args& a, std::shared_ptr<VerbsBackend> b)
+      : args_(a), backend_(std::move(b)) {
     n_ = backend_->getSize();
     rank_ = backend_->getRank();
     es_ = elementSize(args_.dtype);
@@ -296,7 +403,8 @@ class CollectiveBench {
     if (c == "allreduce") return {c, 2 * (n - 1) / n, false, true};
     if (c == "broadcast" || c == "reduce") return {c, 1, false, true};
     if (c == "allgather") return {c, (n - 1) / n, true, true};
-    if (c == "reduce_scatter" || c == "alltoall" || c == "gather" || c == "scatter") return {c, (n - 1) / n, true, false};
+    if (c == "reduce_scatter" || c == "alltoall" || c == "gather" || c == "scatter")
+      return {c, (n - 1) / n, true, false};
     if (c == "sendrecv") return {c, 1, true, false};
     return {c, 0, false, true};  // barrier
   }
@@ -305,7 +413,8 @@ class CollectiveBench {
   size_t countFor(size_t bytes) const {
     const std::string& c = args_.collective;
     size_t elems = bytes / es_;
-    if (c == "allgather" || c == "reduce_scatter" || c == "alltoall" || c == "gather" || c == "scatter") {
+    if (c == "allgather" || c == "reduce_scatter" || c == "alltoall" || c == "gather" ||
+        c == "scatter") {
       return elems / static_cast<size_t>(n_);
     }
     return elems;
@@ -316,11 +425,13 @@ class CollectiveBench {
     const std::string& c = args_.collective;
     if (c == "allreduce") {
       std::vector<Tensor> t{buf_->tensor()};
-      return backend_->allreduce(t, AllreduceOptions{.reduceOp = args_.op, .algorithm = args_.algorithm});
+      return backend_->allreduce(
+          t, AllreduceOptions{.reduceOp = args_.op, .algorithm = args_.algorithm});
     }
     if (c == "broadcast") {
       std::vector<Tensor> t{buf_->tensor()};
-      return backend_->broadcast(t, BroadcastOptions{.rootRank = args_.root, .algorithm = args_.algorithm});
+      return backend_->broadcast(
+          t, BroadcastOptions{.rootRank = args_.root, .algorithm = args_.algorithm});
     }
     if (c == "reduce") {
       std::vector<Tensor> t{buf_->tensor()};
@@ -328,7 +439,8 @@ class CollectiveBench {
     }
     if (c == "allgather") {
       Tensor out = out_->tensor();
-      Tensor in = inPlace ? Tensor{out_->bytes.data() + static_cast<size_t>(rank_) * count_ * es_, count_, args_.dtype}
+      Tensor in = inPlace ? Tensor{out_->bytes.data() + static_cast<size_t>(rank_) * count_ * es_,
+                                   count_, args_.dtype}
                           : buf_->tensor();
       return backend_->_allgather_base(out, in);
     }
@@ -376,7 +488,8 @@ class CollectiveBench {
     parts_.clear();
     partBufs_.clear();
     if ((c == "gather" || c == "scatter") && rank_ == args_.root) {
-      for (int r = 0; r < n_; ++r) partBufs_.push_back(std::make_unique<Buffer>(args_.dtype, count));
+      for (int r = 0; r < n_; ++r)
+        partBufs_.push_back(std::make_unique<Buffer>(args_.dtype, count));
       for (auto& p : partBufs_) parts_.push_back(p->tensor());
     }
   }
@@ -393,7 +506,8 @@ class CollectiveBench {
     if (c == "allgather") {
       std::fill(out_->bytes.begin(), out_->bytes.end(), 0);
       if (inPlace) {
-        for (size_t i = 0; i < n; ++i) out_->set(static_cast<size_t>(rank_) * n + i, value(rank_, i));
+        for (size_t i = 0; i < n; ++i)
+          out_->set(static_cast<size_t>(rank_) * n + i, value(rank_, i));
       } else {
         fill(*buf_, rank_, 0);
       }
@@ -429,7 +543,9 @@ class CollectiveBench {
     }
     if (c == "alltoall") {  // block p of rank r's input went to rank p's block r
       for (int r = 0; r < n_; ++r) {
-        for (size_t i = 0; i < n; ++i) expect(*out_, static_cast<size_t>(r) * n + i, value(r, static_cast<size_t>(rank_) * n + i));
+        for (size_t i = 0; i < n; ++i)
+          expect(*out_, static_cast<size_t>(r) * n + i,
+                 value(r, static_cast<size_t>(rank_) * n + i));
       }
     }
     if (c == "gather" && rank_ == args_.root) {
@@ -462,11 +578,13 @@ class CollectiveBench {
     row.count = count;
     const std::string& c = args_.collective;
     row.bytes = c == "barrier" ? 0
-                : (c == "allgather" || c == "reduce_scatter" || c == "alltoall" || c == "gather" || c == "scatter")
+                : (c == "allgather" || c == "reduce_scatter" || c == "alltoall" || c == "gather" ||
+                   c == "scatter")
                     ? count * static_cast<size_t>(n_) * es_
                     : count * es_;
     row.inPlace = inPlace;
-    if (args_.check) row.wrong = static_cast<long>(sumAcrossRanks(static_cast<double>(check(inPlace))));
+    if (args_.check)
+      row.wrong = static_cast<long>(sumAcrossRanks(static_cast<double>(check(inPlace))));
     for (int i = 0; i < args_.warmup; ++i) once(inPlace)->wait();
     backend_->barrier()->wait();
     auto start = Clock::now();
@@ -480,7 +598,8 @@ class CollectiveBench {
       }
     }
     for (auto& w : works) w->wait();
-    double mine = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / args_.iterations;
+    double mine =
+        std::chrono::duration<double, std::micro>(Clock::now() - start).count() / args_.iterations;
     row.time = sumAcrossRanks(mine) / n_;
     row.algbw = row.time > 0 ? static_cast<double>(row.bytes) / row.time / 1e3 : 0;  // GB/s
     row.busbw = row.algbw * describe().busFactor;
@@ -507,18 +626,25 @@ int runCollective(const Args& args) {
   CollectiveBench bench(args, backend);
   Case c = bench.describe();
   bool lead = backend->getRank() == 0;
-  bool reduces = args.collective == "allreduce" || args.collective == "reduce" || args.collective == "reduce_scatter";
-  bool rooted = args.collective == "broadcast" || args.collective == "reduce" || args.collective == "gather" ||
-                args.collective == "scatter";
+  bool reduces = args.collective == "allreduce" || args.collective == "reduce" ||
+                 args.collective == "reduce_scatter";
+  bool rooted = args.collective == "broadcast" || args.collective == "reduce" ||
+                args.collective == "gather" || args.collective == "scatter";
   if (lead) {
-    fmt::print("# rdmacc-perf -c {}: {} ranks, dtype {}, op {}, root {}, algorithm {}, {} iterations, {} warm-up\n",
-               args.collective, backend->getSize(), toString(args.dtype), toString(args.op), args.root,
-               toString(args.algorithm), args.iterations, args.warmup);
+    fmt::print(
+        "# rdmacc-perf -c {}: {} ranks, dtype {}, op {}, root {}, algorithm {}, {} iterations, {} "
+        "warm-up\n",
+        args.collective, backend->getSize(), toString(args.dtype), toString(args.op), args.root,
+        toString(args.algorithm), args.iterations, args.warmup);
     fmt::print("# {:>60} {:>31}\n", "out-of-place", "in-place");
-    fmt::print("# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n", "size", "count",
-               "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-    fmt::print("# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n", "(B)",
-               "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    fmt::print(
+        "# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n",
+        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+        "algbw", "busbw", "#wrong");
+    fmt::print(
+        "# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
+        "");
   }
   std::vector<Row> rows;
   double busSum = 0;
@@ -541,26 +667,32 @@ int runCollective(const Args& args) {
       wrongTotal += r->wrong;
     }
     if (lead) {
-      fmt::print("  {:>10} {:>12} {:>9} {:>6} {:>5}{}{}\n", any.bytes, any.count, toString(args.dtype),
-                 reduces ? toString(args.op) : "none", rooted ? std::to_string(args.root) : "-1",
-                 cell(out ? &*out : nullptr), cell(in ? &*in : nullptr));
+      fmt::print("  {:>10} {:>12} {:>9} {:>6} {:>5}{}{}\n", any.bytes, any.count,
+                 toString(args.dtype), reduces ? toString(args.op) : "none",
+                 rooted ? std::to_string(args.root) : "-1", cell(out ? &*out : nullptr),
+                 cell(in ? &*in : nullptr));
       std::fflush(stdout);
     }
   }
   if (lead) {
     fmt::print(stderr, "\r{:60}\r", "");
-    fmt::print("# Out of bounds values : {} {}\n", wrongTotal, args.check ? (wrongTotal == 0 ? "OK" : "FAILED") : "(not checked; add --check)");
+    fmt::print("# Out of bounds values : {} {}\n", wrongTotal,
+               args.check ? (wrongTotal == 0 ? "OK" : "FAILED") : "(not checked; add --check)");
     fmt::print("# Avg bus bandwidth    : {:.4f} GB/s\n", busCount ? busSum / busCount : 0.0);
     if (!args.json.empty()) {
       std::ofstream out(args.json);
-      out << "{\"collective\": \"" << args.collective << "\", \"ranks\": " << backend->getSize() << ", \"dtype\": \""
-          << toString(args.dtype) << "\", \"op\": \"" << toString(args.op) << "\", \"rows\": [";
+      out << "{\"collective\": \"" << args.collective << "\", \"ranks\": " << backend->getSize()
+          << ", \"dtype\": \"" << toString(args.dtype) << "\", \"op\": \"" << toString(args.op)
+          << "\", \"rows\": [";
       for (size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
         out << (i ? ", " : "")
-            << fmt::format("{{\"size\": {}, \"count\": {}, \"in_place\": {}, \"time_us\": {:.3f}, \"algbw_gbs\": {:.6f}, "
-                           "\"busbw_gbs\": {:.6f}, \"wrong\": {}}}",
-                           r.bytes, r.count, r.inPlace ? "true" : "false", r.time, r.algbw, r.busbw, r.wrong);
+            << fmt::format(
+                   "{{\"size\": {}, \"count\": {}, \"in_place\": {}, \"time_us\": {:.3f}, "
+                   "\"algbw_gbs\": {:.6f}, "
+                   "\"busbw_gbs\": {:.6f}, \"wrong\": {}}}",
+                   r.bytes, r.count, r.inPlace ? "true" : "false", r.time, r.algbw, r.busbw,
+                   r.wrong);
       }
       out << "]}\n";
       if (!out) throw Error(ErrorKind::InvalidArgument, fmt::format("cannot write {}", args.json));

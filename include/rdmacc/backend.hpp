@@ -38,38 +38,44 @@ class Backend {
   virtual std::shared_ptr<Work> allreduce(std::vector<Tensor>& tensors,
                                           const AllreduceOptions& opts = AllreduceOptions()) = 0;
   virtual std::shared_ptr<Work> allreduce_coalesced(
-      std::vector<Tensor>& tensors, const AllreduceCoalescedOptions& opts = AllreduceCoalescedOptions()) = 0;
-  virtual std::shared_ptr<Work> reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts = ReduceOptions()) = 0;
+      std::vector<Tensor>& tensors,
+      const AllreduceCoalescedOptions& opts = AllreduceCoalescedOptions()) = 0;
+  virtual std::shared_ptr<Work> reduce(std::vector<Tensor>& tensors,
+                                       const ReduceOptions& opts = ReduceOptions()) = 0;
   virtual std::shared_ptr<Work> allgather(std::vector<std::vector<Tensor>>& outputTensors,
                                           std::vector<Tensor>& inputTensors,
                                           const AllgatherOptions& opts = AllgatherOptions()) = 0;
-  virtual std::shared_ptr<Work> _allgather_base(Tensor& outputBuffer, Tensor& inputBuffer,
-                                                const AllgatherOptions& opts = AllgatherOptions()) = 0;
-  virtual std::shared_ptr<Work> allgather_coalesced(std::vector<std::vector<Tensor>>& outputTensorLists,
-                                                    std::vector<Tensor>& inputTensors,
-                                                    const AllgatherOptions& opts = AllgatherOptions()) = 0;
+  virtual std::shared_ptr<Work> _allgather_base(
+      Tensor& outputBuffer, Tensor& inputBuffer,
+      const AllgatherOptions& opts = AllgatherOptions()) = 0;
+  virtual std::shared_ptr<Work> allgather_coalesced(
+      std::vector<std::vector<Tensor>>& outputTensorLists, std::vector<Tensor>& inputTensors,
+      const AllgatherOptions& opts = AllgatherOptions()) = 0;
   virtual std::shared_ptr<Work> gather(std::vector<std::vector<Tensor>>& outputTensors,
                                        std::vector<Tensor>& inputTensors,
                                        const GatherOptions& opts = GatherOptions()) = 0;
   virtual std::shared_ptr<Work> scatter(std::vector<Tensor>& outputTensors,
                                         std::vector<std::vector<Tensor>>& inputTensors,
                                         const ScatterOptions& opts = ScatterOptions()) = 0;
-  virtual std::shared_ptr<Work> reduce_scatter(std::vector<Tensor>& outputTensors,
-                                               std::vector<std::vector<Tensor>>& inputTensors,
-                                               const ReduceScatterOptions& opts = ReduceScatterOptions()) = 0;
-  virtual std::shared_ptr<Work> _reduce_scatter_base(Tensor& outputBuffer, Tensor& inputBuffer,
-                                                     const ReduceScatterOptions& opts = ReduceScatterOptions()) = 0;
+  virtual std::shared_ptr<Work> reduce_scatter(
+      std::vector<Tensor>& outputTensors, std::vector<std::vector<Tensor>>& inputTensors,
+      const ReduceScatterOptions& opts = ReduceScatterOptions()) = 0;
+  virtual std::shared_ptr<Work> _reduce_scatter_base(
+      Tensor& outputBuffer, Tensor& inputBuffer,
+      const ReduceScatterOptions& opts = ReduceScatterOptions()) = 0;
   // Split sizes count elements (c10d counts rows of dim 0; for a flat tensor
   // they are the same). Empty splits mean equal parts.
   virtual std::shared_ptr<Work> alltoall_base(Tensor& outputBuffer, Tensor& inputBuffer,
                                               std::vector<int64_t>& outputSplitSizes,
                                               std::vector<int64_t>& inputSplitSizes,
                                               const AllToAllOptions& opts = AllToAllOptions()) = 0;
-  virtual std::shared_ptr<Work> alltoall(std::vector<Tensor>& outputTensors, std::vector<Tensor>& inputTensors,
+  virtual std::shared_ptr<Work> alltoall(std::vector<Tensor>& outputTensors,
+                                         std::vector<Tensor>& inputTensors,
                                          const AllToAllOptions& opts = AllToAllOptions()) = 0;
   // Rank 0 waits for every rank; throws Error naming the ranks that did not
   // arrive within the timeout (the first one unless waitAllRanks).
-  virtual void monitoredBarrier(const BarrierOptions& opts = BarrierOptions(), bool waitAllRanks = false) = 0;
+  virtual void monitoredBarrier(const BarrierOptions& opts = BarrierOptions(),
+                                bool waitAllRanks = false) = 0;
   // Rank 0 publishes its sequence number through the store; the others adopt it.
   virtual void setSequenceNumberForGroup() = 0;
   virtual uint64_t getSequenceNumberForGroup() = 0;
@@ -86,7 +92,8 @@ class Backend {
 
 struct VerbsBackendOptions {
   std::string groupName = "default";  // one mesh per name in a store
-  std::chrono::milliseconds timeout = kUseDefaultTimeout;  // default op timeout; else RDMACC_TIMEOUT
+  std::chrono::milliseconds timeout =
+      kUseDefaultTimeout;                     // default op timeout; else RDMACC_TIMEOUT
   std::map<std::string, std::string> config;  // explicit RDMACC_* values, above the environment
 };
 
@@ -100,32 +107,44 @@ class VerbsBackend final : public Backend {
   ~VerbsBackend() override;
 
   const std::string getBackendName() const override { return "rdmacc"; }
-  std::shared_ptr<Work> broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts = BroadcastOptions()) override;
-  std::shared_ptr<Work> allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts = AllreduceOptions()) override;
-  std::shared_ptr<Work> allreduce_coalesced(std::vector<Tensor>& tensors,
-                                            const AllreduceCoalescedOptions& opts = AllreduceCoalescedOptions()) override;
-  std::shared_ptr<Work> reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts = ReduceOptions()) override;
-  std::shared_ptr<Work> allgather(std::vector<std::vector<Tensor>>& outputTensors, std::vector<Tensor>& inputTensors,
+  std::shared_ptr<Work> broadcast(std::vector<Tensor>& tensors,
+                                  const BroadcastOptions& opts = BroadcastOptions()) override;
+  std::shared_ptr<Work> allreduce(std::vector<Tensor>& tensors,
+                                  const AllreduceOptions& opts = AllreduceOptions()) override;
+  std::shared_ptr<Work> allreduce_coalesced(
+      std::vector<Tensor>& tensors,
+      const AllreduceCoalescedOptions& opts = AllreduceCoalescedOptions()) override;
+  std::shared_ptr<Work> reduce(std::vector<Tensor>& tensors,
+                               const ReduceOptions& opts = ReduceOptions()) override;
+  std::shared_ptr<Work> allgather(std::vector<std::vector<Tensor>>& outputTensors,
+                                  std::vector<Tensor>& inputTensors,
                                   const AllgatherOptions& opts = AllgatherOptions()) override;
   std::shared_ptr<Work> _allgather_base(Tensor& outputBuffer, Tensor& inputBuffer,
                                         const AllgatherOptions& opts = AllgatherOptions()) override;
-  std::shared_ptr<Work> allgather_coalesced(std::vector<std::vector<Tensor>>& outputTensorLists,
-                                            std::vector<Tensor>& inputTensors, const AllgatherOptions& opts = AllgatherOptions()) override;
-  std::shared_ptr<Work> gather(std::vector<std::vector<Tensor>>& outputTensors, std::vector<Tensor>& inputTensors,
+  std::shared_ptr<Work> allgather_coalesced(
+      std::vector<std::vector<Tensor>>& outputTensorLists, std::vector<Tensor>& inputTensors,
+      const AllgatherOptions& opts = AllgatherOptions()) override;
+  std::shared_ptr<Work> gather(std::vector<std::vector<Tensor>>& outputTensors,
+                               std::vector<Tensor>& inputTensors,
                                const GatherOptions& opts = GatherOptions()) override;
-  std::shared_ptr<Work> scatter(std::vector<Tensor>& outputTensors, std::vector<std::vector<Tensor>>& inputTensors,
+  std::shared_ptr<Work> scatter(std::vector<Tensor>& outputTensors,
+                                std::vector<std::vector<Tensor>>& inputTensors,
                                 const ScatterOptions& opts = ScatterOptions()) override;
-  std::shared_ptr<Work> reduce_scatter(std::vector<Tensor>& outputTensors,
-                                       std::vector<std::vector<Tensor>>& inputTensors,
-                                       const ReduceScatterOptions& opts = ReduceScatterOptions()) override;
-  std::shared_ptr<Work> _reduce_scatter_base(Tensor& outputBuffer, Tensor& inputBuffer,
-                                             const ReduceScatterOptions& opts = ReduceScatterOptions()) override;
+  std::shared_ptr<Work> reduce_scatter(
+      std::vector<Tensor>& outputTensors, std::vector<std::vector<Tensor>>& inputTensors,
+      const ReduceScatterOptions& opts = ReduceScatterOptions()) override;
+  std::shared_ptr<Work> _reduce_scatter_base(
+      Tensor& outputBuffer, Tensor& inputBuffer,
+      const ReduceScatterOptions& opts = ReduceScatterOptions()) override;
   std::shared_ptr<Work> alltoall_base(Tensor& outputBuffer, Tensor& inputBuffer,
-                                      std::vector<int64_t>& outputSplitSizes, std::vector<int64_t>& inputSplitSizes,
+                                      std::vector<int64_t>& outputSplitSizes,
+                                      std::vector<int64_t>& inputSplitSizes,
                                       const AllToAllOptions& opts = AllToAllOptions()) override;
-  std::shared_ptr<Work> alltoall(std::vector<Tensor>& outputTensors, std::vector<Tensor>& inputTensors,
+  std::shared_ptr<Work> alltoall(std::vector<Tensor>& outputTensors,
+                                 std::vector<Tensor>& inputTensors,
                                  const AllToAllOptions& opts = AllToAllOptions()) override;
-  void monitoredBarrier(const BarrierOptions& opts = BarrierOptions(), bool waitAllRanks = false) override;
+  void monitoredBarrier(const BarrierOptions& opts = BarrierOptions(),
+                        bool waitAllRanks = false) override;
   void setSequenceNumberForGroup() override;
   uint64_t getSequenceNumberForGroup() override;
   std::shared_ptr<Work> send(std::vector<Tensor>& tensors, int dstRank, int tag) override;
@@ -144,6 +163,7 @@ class VerbsBackend final : public Backend {
 // Builds the store and the backend from the launcher's environment
 // (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT of torchrun and rdmacc-run,
 // OMPI_COMM_WORLD_*, PMI_*, SLURM_*; see environment.hpp).
-std::shared_ptr<VerbsBackend> initFromEnvironment(VerbsBackend::Options options = VerbsBackend::Options());
+std::shared_ptr<VerbsBackend> initFromEnvironment(
+    VerbsBackend::Options options = VerbsBackend::Options());
 
 }  // namespace rdmacc

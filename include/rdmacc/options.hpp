@@ -27,7 +27,8 @@ struct AllreduceOptions {
   ReduceOp reduceOp = ReduceOp::Sum;
   double preMulFactor = 1.0;  // PreMulSum: every input is multiplied by it first
   std::chrono::milliseconds timeout = kUseDefaultTimeout;
-  Algorithm algorithm = Algorithm::Auto;  // Ring (reduce-scatter + allgather), Tree (reduce + broadcast)
+  Algorithm algorithm =
+      Algorithm::Auto;  // Ring (reduce-scatter + allgather), Tree (reduce + broadcast)
 };
 
 struct AllreduceCoalescedOptions : AllreduceOptions {};

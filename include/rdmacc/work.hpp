@@ -14,9 +14,24 @@
 namespace rdmacc {
 
 enum class OpType {
-  Broadcast, Allreduce, AllreduceCoalesced, Reduce, Allgather, AllgatherBase, AllgatherCoalesced,
-  Gather, Scatter, ReduceScatter, ReduceScatterBase, AlltoallBase, Alltoall, Send, Recv, RecvAnysource,
-  Barrier, MonitoredBarrier,
+  Broadcast,
+  Allreduce,
+  AllreduceCoalesced,
+  Reduce,
+  Allgather,
+  AllgatherBase,
+  AllgatherCoalesced,
+  Gather,
+  Scatter,
+  ReduceScatter,
+  ReduceScatterBase,
+  AlltoallBase,
+  Alltoall,
+  Send,
+  Recv,
+  RecvAnysource,
+  Barrier,
+  MonitoredBarrier,
 };
 const char* toString(OpType type) noexcept;
 
@@ -37,8 +52,8 @@ class Work : public std::enable_shared_from_this<Work> {
   std::exception_ptr exception() const;
   // The source of a recvAnysource (the peer for send/recv); -1 before it is known.
   int sourceRank() const;
-  // Waits for completion (and for the callbacks registered before it) and rethrows its failure. With a timeout, throws
-  // Error(Timeout) when it passes first (the operation itself keeps its own
+  // Waits for completion (and for the callbacks registered before it) and rethrows its failure.
+  // With a timeout, throws Error(Timeout) when it passes first (the operation itself keeps its own
   // timeout). Returns true on success.
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
   // Fails the operation with Error(Aborted) and breaks the group: every rank's

@@ -34,8 +34,10 @@ Schedule pairwiseAlltoall(int rank, int size, const std::vector<Range>& sendBloc
                           const std::vector<Range>& recvBlocks);
 
 // linear.cpp: the root talks to every rank directly.
-Schedule linearGather(int rank, int size, int root, Range send, const std::vector<Range>& recvBlocks);
-Schedule linearScatter(int rank, int size, int root, const std::vector<Range>& sendBlocks, Range recv);
+Schedule linearGather(int rank, int size, int root, Range send,
+                      const std::vector<Range>& recvBlocks);
+Schedule linearScatter(int rank, int size, int root, const std::vector<Range>& sendBlocks,
+                       Range recv);
 
 // dissemination_barrier.cpp: ceil(log2 n) rounds of zero-byte messages.
 Schedule disseminationBarrier(int rank, int size);

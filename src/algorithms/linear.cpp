@@ -2,12 +2,14 @@
 
 namespace rdmacc::algorithms {
 
-Schedule linearGather(int rank, int size, int root, Range send, const std::vector<Range>& recvBlocks) {
+Schedule linearGather(int rank, int size, int root, Range send,
+                      const std::vector<Range>& recvBlocks) {
   if (size == 1) return {};
   Step step;
   if (rank == root) {
     for (int p = 0; p < size; ++p) {
-      if (p != root) step.recvs.push_back(RecvSpec{p, recvBlocks[static_cast<size_t>(p)], Combine::Copy});
+      if (p != root)
+        step.recvs.push_back(RecvSpec{p, recvBlocks[static_cast<size_t>(p)], Combine::Copy});
     }
   } else {
     step.sends.push_back(SendSpec{root, send, {}});
@@ -15,7 +17,8 @@ Schedule linearGather(int rank, int size, int root, Range send, const std::vecto
   return Schedule{std::move(step)};
 }
 
-Schedule linearScatter(int rank, int size, int root, const std::vector<Range>& sendBlocks, Range recv) {
+Schedule linearScatter(int rank, int size, int root, const std::vector<Range>& sendBlocks,
+                       Range recv) {
   if (size == 1) return {};
   Step step;
   if (rank == root) {

@@ -3,24 +3,34 @@
 namespace rdmacc::algorithms {
 namespace {
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 
 // n-1 steps: send block (rank + shift - s) right, receive block
 // (rank + shift - s - 1) from the left. After a reducing pass, rank r holds
 // the full reduction of block (r + shift + 1).
-void ringPass(Schedule& out, int rank, int size, const std::vector<Range>& blocks, int shift, Combine combine) {
+void ringPass(Schedule& out, int rank, int size, const std::vector<Range>& blocks, int shift,
+              Combine combine) {
   for (int s = 0; s < size - 1; ++s) {
     Step step;
-    step.sends.push_back(SendSpec{ringRight(rank, size), blocks[static_cast<size_t>(mod(rank + shift - s, size))], {}});
-    step.recvs.push_back(RecvSpec{ringLeft(rank, size), blocks[static_cast<size_t>(mod(rank + shift - s - 1, size))], combine});
+    step.sends.push_back(SendSpec{
+        ringRight(rank, size), blocks[static_cast<size_t>(mod(rank + shift - s, size))], {}});
+    step.recvs.push_back(RecvSpec{ringLeft(rank, size),
+                                  blocks[static_cast<size_t>(mod(rank + shift - s - 1, size))],
+                                  combine});
     out.push_back(std::move(step));
   }
 }
 
 }  // namespace
 
-int ringRight(int rank, int size) { return (rank + 1) % size; }
-int ringLeft(int rank, int size) { return (rank + size - 1) % size; }
+int ringRight(int rank, int size) {
+  return (rank + 1) % size;
+}
+int ringLeft(int rank, int size) {
+  return (rank + size - 1) % size;
+}
 
 Schedule ringAllreduce(int rank, int size, const std::vector<Range>& blocks, bool finalize) {
   Schedule out;
@@ -31,7 +41,8 @@ Schedule ringAllreduce(int rank, int size, const std::vector<Range>& blocks, boo
   ringPass(out, rank, size, blocks, 0, Combine::Reduce);  // rank r owns block r+1
   size_t firstGather = out.size();
   ringPass(out, rank, size, blocks, 1, Combine::Copy);  // and sends it first
-  if (finalize) out[firstGather].finalize.push_back(blocks[static_cast<size_t>(mod(rank + 1, size))]);
+  if (finalize)
+    out[firstGather].finalize.push_back(blocks[static_cast<size_t>(mod(rank + 1, size))]);
   return out;
 }
 

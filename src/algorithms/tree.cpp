@@ -5,8 +5,12 @@
 namespace rdmacc::algorithms {
 namespace {
 
-int virtualRank(int rank, int size, int root) { return (rank - root + size) % size; }
-int realRank(int v, int size, int root) { return (v + root) % size; }
+int virtualRank(int rank, int size, int root) {
+  return (rank - root + size) % size;
+}
+int realRank(int v, int size, int root) {
+  return (v + root) % size;
+}
 
 // Receive from `parent` (unless root) and forward to `children` as it arrives.
 Schedule forwardDown(int parent, const std::vector<int>& children, size_t bytes) {

@@ -25,11 +25,12 @@ using namespace std::chrono_literals;
 std::shared_ptr<VerbsBackend> gBackend;
 int R = 0, N = 1;
 
-const std::vector<DataType> kTypes = {DataType::Float32, DataType::Float64, DataType::Float16,
+const std::vector<DataType> kTypes = {DataType::Float32,  DataType::Float64, DataType::Float16,
                                       DataType::BFloat16, DataType::Int8,    DataType::UInt8,
                                       DataType::Int32,    DataType::Int64,   DataType::Bool};
-const std::vector<ReduceOp> kOps = {ReduceOp::Sum, ReduceOp::Avg,  ReduceOp::Product, ReduceOp::Min,      ReduceOp::Max,
-                                    ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor,    ReduceOp::PreMulSum};
+const std::vector<ReduceOp> kOps = {ReduceOp::Sum, ReduceOp::Avg,  ReduceOp::Product,
+                                    ReduceOp::Min, ReduceOp::Max,  ReduceOp::BAnd,
+                                    ReduceOp::BOr, ReduceOp::BXor, ReduceOp::PreMulSum};
 const std::vector<size_t> kSizes = {0, 1, 7, 4099};
 constexpr double kFactor = 0.5;
 
@@ -41,43 +42,100 @@ struct Buffer {
   Buffer(DataType t, size_t n) : dtype(t), bytes(n * elementSize(t) + 1) {}
   size_t numel() const { return (bytes.size() - 1) / elementSize(dtype); }
   Tensor tensor() { return Tensor{bytes.data(), numel(), dtype}; }
-  Tensor slice(size_t first, size_t n) { return Tensor{bytes.data() + first * elementSize(dtype), n, dtype}; }
+  Tensor slice(size_t first, size_t n) {
+    return Tensor{bytes.data() + first * elementSize(dtype), n, dtype};
+  }
 
   double get(size_t i) const {
     const uint8_t* p = bytes.data() + i * elementSize(dtype);
     switch (dtype) {
-      case DataType::Float32: { float v; std::memcpy(&v, p, 4); return v; }
-      case DataType::Float64: { double v; std::memcpy(&v, p, 8); return v; }
-      case DataType::Float16: { uint16_t v; std::memcpy(&v, p, 2); return halfToFloat(v); }
-      case DataType::BFloat16: { uint16_t v; std::memcpy(&v, p, 2); return bfloat16ToFloat(v); }
-      case DataType::Int8: return static_cast<int8_t>(*p);
-      case DataType::UInt8: return *p;
-      case DataType::Int32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-      case DataType::Int64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-      case DataType::Bool: return *p;
+      case DataType::Float32: {
+        float v;
+        std::memcpy(&v, p, 4);
+        return v;
+      }
+      case DataType::Float64: {
+        double v;
+        std::memcpy(&v, p, 8);
+        return v;
+      }
+      case DataType::Float16: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        return halfToFloat(v);
+      }
+      case DataType::BFloat16: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        return bfloat16ToFloat(v);
+      }
+      case DataType::Int8:
+        return static_cast<int8_t>(*p);
+      case DataType::UInt8:
+        return *p;
+      case DataType::Int32: {
+        int32_t v;
+        std::memcpy(&v, p, 4);
+        return v;
+      }
+      case DataType::Int64: {
+        int64_t v;
+        std::memcpy(&v, p, 8);
+        return static_cast<double>(v);
+      }
+      case DataType::Bool:
+        return *p;
     }
     return 0;
   }
   void set(size_t i, double v) {
     uint8_t* p = bytes.data() + i * elementSize(dtype);
     switch (dtype) {
-      case DataType::Float32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
-      case DataType::Float64: std::memcpy(p, &v, 8); break;
-      case DataType::Float16: { uint16_t h = floatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-      case DataType::BFloat16: { uint16_t h = floatToBfloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-      case DataType::Int8: *p = static_cast<uint8_t>(static_cast<int8_t>(v)); break;
-      case DataType::UInt8: *p = static_cast<uint8_t>(v); break;
-      case DataType::Int32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-      case DataType::Int64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-      case DataType::Bool: *p = v != 0; break;
+      case DataType::Float32: {
+        float f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case DataType::Float64:
+        std::memcpy(p, &v, 8);
+        break;
+      case DataType::Float16: {
+        uint16_t h = floatToHalf(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::BFloat16: {
+        uint16_t h = floatToBfloat16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::Int8:
+        *p = static_cast<uint8_t>(static_cast<int8_t>(v));
+        break;
+      case DataType::UInt8:
+        *p = static_cast<uint8_t>(v);
+        break;
+      case DataType::Int32: {
+        int32_t x = static_cast<int32_t>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::Int64: {
+        int64_t x = static_cast<int64_t>(v);
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DataType::Bool:
+        *p = v != 0;
+        break;
     }
   }
 };
 
 // The value rank r contributes at element i of case c.
 double value(DataType t, ReduceOp op, int r, size_t i, int c) {
-  uint64_t h = (static_cast<uint64_t>(r) + 1) * 0x9e3779b97f4a7c15ull ^ (i + 1) * 0xbf58476d1ce4e5b9ull ^
-               static_cast<uint64_t>(c) * 0x94d049bb133111ebull;
+  uint64_t h = (static_cast<uint64_t>(r) + 1) * 0x9e3779b97f4a7c15ull ^
+               (i + 1) * 0xbf58476d1ce4e5b9ull ^ static_cast<uint64_t>(c) * 0x94d049bb133111ebull;
   h ^= h >> 29;
   if (t == DataType::Bool) return static_cast<double>(h & 1);
   bool unsignedType = t == DataType::UInt8;
@@ -86,7 +144,8 @@ double value(DataType t, ReduceOp op, int r, size_t i, int c) {
     double v = kVals[h % 8];
     return unsignedType ? std::abs(v) : v;
   }
-  if (op == ReduceOp::BAnd || op == ReduceOp::BOr || op == ReduceOp::BXor) return static_cast<double>(h % 128);
+  if (op == ReduceOp::BAnd || op == ReduceOp::BOr || op == ReduceOp::BXor)
+    return static_cast<double>(h % 128);
   double v = static_cast<double>(h % 17) - 8;  // -8..8: sums of 8 ranks stay exact
   return unsignedType ? v + 8 : v;
 }
@@ -109,13 +168,27 @@ double expected(DataType t, ReduceOp op, size_t i, int c) {
     switch (op) {
       case ReduceOp::Sum:
       case ReduceOp::Avg:
-      case ReduceOp::PreMulSum: acc = t == DataType::Bool ? double((a | b) != 0) : acc + v; break;
-      case ReduceOp::Product: acc = t == DataType::Bool ? double(a && b) : acc * v; break;
-      case ReduceOp::Min: acc = std::min(acc, v); break;
-      case ReduceOp::Max: acc = std::max(acc, v); break;
-      case ReduceOp::BAnd: acc = static_cast<double>(a & b); break;
-      case ReduceOp::BOr: acc = static_cast<double>(a | b); break;
-      case ReduceOp::BXor: acc = static_cast<double>(t == DataType::Bool ? (a != b) : (a ^ b)); break;
+      case ReduceOp::PreMulSum:
+        acc = t == DataType::Bool ? double((a | b) != 0) : acc + v;
+        break;
+      case ReduceOp::Product:
+        acc = t == DataType::Bool ? double(a && b) : acc * v;
+        break;
+      case ReduceOp::Min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::Max:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::BAnd:
+        acc = static_cast<double>(a & b);
+        break;
+      case ReduceOp::BOr:
+        acc = static_cast<double>(a | b);
+        break;
+      case ReduceOp::BXor:
+        acc = static_cast<double>(t == DataType::Bool ? (a != b) : (a ^ b));
+        break;
     }
   }
   if (op == ReduceOp::Avg) {
@@ -138,20 +211,24 @@ Buffer contribution(DataType t, ReduceOp op, size_t n, int r, int c) {
   return b;
 }
 
-void expectReduced(const Buffer& got, ReduceOp op, size_t first, size_t n, int c, const std::string& what) {
+void expectReduced(const Buffer& got, ReduceOp op, size_t first, size_t n, int c,
+                   const std::string& what) {
   size_t bad = 0;
   for (size_t i = 0; i < n; ++i) {
     double want = expected(got.dtype, op, first + i, c);
     Buffer w(got.dtype, 1);
     w.set(0, want);
     if (got.get(i) != w.get(0)) {
-      if (++bad <= 3) ADD_FAILURE() << what << ": element " << first + i << " is " << got.get(i) << ", want " << w.get(0);
+      if (++bad <= 3)
+        ADD_FAILURE() << what << ": element " << first + i << " is " << got.get(i) << ", want "
+                      << w.get(0);
     }
   }
   EXPECT_EQ(bad, 0u) << what;
 }
 
-void expectValues(const Buffer& got, DataType t, int fromRank, size_t first, size_t n, int c, const std::string& what) {
+void expectValues(const Buffer& got, DataType t, int fromRank, size_t first, size_t n, int c,
+                  const std::string& what) {
   size_t bad = 0;
   for (size_t i = 0; i < n; ++i) {
     Buffer w(t, 1);
@@ -179,7 +256,10 @@ TEST(Collectives, AllreduceEveryTypeOpSizeAndAlgorithm) {
           ++c;
           Buffer b = contribution(t, op, n, R, c);
           std::vector<Tensor> ts{b.tensor()};
-          gBackend->allreduce(ts, AllreduceOptions{.reduceOp = op, .preMulFactor = kFactor, .algorithm = a})->wait();
+          gBackend
+              ->allreduce(ts,
+                          AllreduceOptions{.reduceOp = op, .preMulFactor = kFactor, .algorithm = a})
+              ->wait();
           expectReduced(b, op, 0, n, c, "allreduce " + name(t, op, n, a));
         }
       }
@@ -193,14 +273,16 @@ TEST(Collectives, AllreduceLargerThanEveryChunkAndAuto) {
       Buffer b = contribution(DataType::Float32, ReduceOp::Sum, n, R, 7);
       std::vector<Tensor> ts{b.tensor()};
       gBackend->allreduce(ts, AllreduceOptions{.algorithm = a})->wait();
-      expectReduced(b, ReduceOp::Sum, 0, n, 7, "large allreduce " + name(DataType::Float32, ReduceOp::Sum, n, a));
+      expectReduced(b, ReduceOp::Sum, 0, n, 7,
+                    "large allreduce " + name(DataType::Float32, ReduceOp::Sum, n, a));
     }
   }
 }
 
 TEST(Collectives, AllreduceCoalesced) {
   std::vector<Buffer> bufs;
-  for (size_t n : {size_t{5}, size_t{0}, size_t{3000}, size_t{1}}) bufs.push_back(contribution(DataType::Int32, ReduceOp::Max, n, R, 11));
+  for (size_t n : {size_t{5}, size_t{0}, size_t{3000}, size_t{1}})
+    bufs.push_back(contribution(DataType::Int32, ReduceOp::Max, n, R, 11));
   std::vector<Tensor> ts;
   for (auto& b : bufs) ts.push_back(b.tensor());
   gBackend->allreduce_coalesced(ts, AllreduceCoalescedOptions{{.reduceOp = ReduceOp::Max}})->wait();
@@ -247,9 +329,12 @@ TEST(Collectives, ReduceEveryTypeOpAndRoot) {
           Buffer b = contribution(t, op, n, R, c);
           Buffer before = b;
           std::vector<Tensor> ts{b.tensor()};
-          gBackend->reduce(ts, ReduceOptions{.reduceOp = op, .preMulFactor = kFactor, .rootRank = root})->wait();
+          gBackend
+              ->reduce(ts, ReduceOptions{.reduceOp = op, .preMulFactor = kFactor, .rootRank = root})
+              ->wait();
           if (R == root) {
-            expectReduced(b, op, 0, n, c, fmt::format("reduce root {} {}", root, name(t, op, n, Algorithm::Tree)));
+            expectReduced(b, op, 0, n, c,
+                          fmt::format("reduce root {} {}", root, name(t, op, n, Algorithm::Tree)));
           } else {
             EXPECT_EQ(b.bytes, before.bytes) << "reduce changed a non-root input";
           }
@@ -272,15 +357,20 @@ TEST(Collectives, AllgatherBaseInAndOutOfPlace) {
       gBackend->_allgather_base(output, input)->wait();
       for (int r = 0; r < N; ++r) {
         Buffer part(t, n);
-        std::memcpy(part.bytes.data(), out.bytes.data() + static_cast<size_t>(r) * n * elementSize(t), n * elementSize(t));
-        expectValues(part, t, r, 0, n, c, fmt::format("_allgather_base out of place {} block {}", toString(t), r));
+        std::memcpy(part.bytes.data(),
+                    out.bytes.data() + static_cast<size_t>(r) * n * elementSize(t),
+                    n * elementSize(t));
+        expectValues(part, t, r, 0, n, c,
+                     fmt::format("_allgather_base out of place {} block {}", toString(t), r));
       }
       // In place: the input is this rank's block of the output.
       Buffer inplace(t, n * static_cast<size_t>(N));
-      for (size_t i = 0; i < n; ++i) inplace.set(static_cast<size_t>(R) * n + i, value(t, ReduceOp::Sum, R, i, c));
+      for (size_t i = 0; i < n; ++i)
+        inplace.set(static_cast<size_t>(R) * n + i, value(t, ReduceOp::Sum, R, i, c));
       Tensor whole = inplace.tensor(), mine = inplace.slice(static_cast<size_t>(R) * n, n);
       gBackend->_allgather_base(whole, mine)->wait();
-      EXPECT_EQ(inplace.bytes, out.bytes) << "in-place _allgather_base " << toString(t) << " n=" << n;
+      EXPECT_EQ(inplace.bytes, out.bytes)
+          << "in-place _allgather_base " << toString(t) << " n=" << n;
     }
   }
 }
@@ -293,10 +383,12 @@ TEST(Collectives, AllgatherListsAndCoalesced) {
     for (auto& o : outs) outputs[0].push_back(o.tensor());
     std::vector<Tensor> inputs{in.tensor()};
     gBackend->allgather(outputs, inputs)->wait();
-    for (int r = 0; r < N; ++r) expectValues(outs[static_cast<size_t>(r)], DataType::Float64, r, 0, n, 3000, "allgather");
+    for (int r = 0; r < N; ++r)
+      expectValues(outs[static_cast<size_t>(r)], DataType::Float64, r, 0, n, 3000, "allgather");
   }
   // Two tensors of different dtypes per rank.
-  Buffer a = contribution(DataType::Int8, ReduceOp::Sum, 5, R, 3001), b = contribution(DataType::Float32, ReduceOp::Sum, 1234, R, 3002);
+  Buffer a = contribution(DataType::Int8, ReduceOp::Sum, 5, R, 3001),
+         b = contribution(DataType::Float32, ReduceOp::Sum, 1234, R, 3002);
   std::vector<Tensor> inputs{a.tensor(), b.tensor()};
   std::vector<std::vector<Buffer>> outs;
   std::vector<std::vector<Tensor>> lists;
@@ -306,8 +398,10 @@ TEST(Collectives, AllgatherListsAndCoalesced) {
   for (auto& o : outs) lists.push_back({o[0].tensor(), o[1].tensor()});
   gBackend->allgather_coalesced(lists, inputs)->wait();
   for (int r = 0; r < N; ++r) {
-    expectValues(outs[static_cast<size_t>(r)][0], DataType::Int8, r, 0, 5, 3001, "allgather_coalesced int8");
-    expectValues(outs[static_cast<size_t>(r)][1], DataType::Float32, r, 0, 1234, 3002, "allgather_coalesced float32");
+    expectValues(outs[static_cast<size_t>(r)][0], DataType::Int8, r, 0, 5, 3001,
+                 "allgather_coalesced int8");
+    expectValues(outs[static_cast<size_t>(r)][1], DataType::Float32, r, 0, 1234, 3002,
+                 "allgather_coalesced float32");
   }
 }
 
@@ -326,14 +420,16 @@ TEST(Collectives, GatherAndScatterAtEveryRoot) {
       }
       gBackend->gather(outputs, inputs, GatherOptions{.rootRank = root})->wait();
       if (R == root) {
-        for (int r = 0; r < N; ++r) expectValues(outs[static_cast<size_t>(r)], DataType::Int64, r, 0, n, c, "gather");
+        for (int r = 0; r < N; ++r)
+          expectValues(outs[static_cast<size_t>(r)], DataType::Int64, r, 0, n, c, "gather");
       }
       // Scatter: the root sends block r to rank r (values as if from rank r).
       std::vector<Buffer> ins;
       std::vector<std::vector<Tensor>> scatterInputs;
       if (R == root) {
         scatterInputs.emplace_back();
-        for (int r = 0; r < N; ++r) ins.push_back(contribution(DataType::Int64, ReduceOp::Sum, n, r, c + 1));
+        for (int r = 0; r < N; ++r)
+          ins.push_back(contribution(DataType::Int64, ReduceOp::Sum, n, r, c + 1));
         for (auto& i : ins) scatterInputs[0].push_back(i.tensor());
       }
       Buffer out(DataType::Int64, n);
@@ -357,21 +453,30 @@ TEST(Collectives, ReduceScatterEveryTypeAndOp) {
         Buffer in = contribution(t, op, total, R, c);
         Buffer out(t, n);
         Tensor input = in.tensor(), output = out.tensor();
-        gBackend->_reduce_scatter_base(output, input, ReduceScatterOptions{.reduceOp = op, .preMulFactor = kFactor})->wait();
-        expectReduced(out, op, static_cast<size_t>(R) * n, n, c, "_reduce_scatter_base " + name(t, op, n, Algorithm::Ring));
+        gBackend
+            ->_reduce_scatter_base(output, input,
+                                   ReduceScatterOptions{.reduceOp = op, .preMulFactor = kFactor})
+            ->wait();
+        expectReduced(out, op, static_cast<size_t>(R) * n, n, c,
+                      "_reduce_scatter_base " + name(t, op, n, Algorithm::Ring));
         // The list form.
         std::vector<Buffer> parts;
         for (int r = 0; r < N; ++r) {
           Buffer p(t, n);
-          std::memcpy(p.bytes.data(), in.bytes.data() + static_cast<size_t>(r) * n * elementSize(t), n * elementSize(t));
+          std::memcpy(p.bytes.data(), in.bytes.data() + static_cast<size_t>(r) * n * elementSize(t),
+                      n * elementSize(t));
           parts.push_back(std::move(p));
         }
         std::vector<std::vector<Tensor>> inputs(1);
         for (auto& p : parts) inputs[0].push_back(p.tensor());
         Buffer out2(t, n);
         std::vector<Tensor> outputs{out2.tensor()};
-        gBackend->reduce_scatter(outputs, inputs, ReduceScatterOptions{.reduceOp = op, .preMulFactor = kFactor})->wait();
-        EXPECT_EQ(out2.bytes, out.bytes) << "reduce_scatter list form " << name(t, op, n, Algorithm::Ring);
+        gBackend
+            ->reduce_scatter(outputs, inputs,
+                             ReduceScatterOptions{.reduceOp = op, .preMulFactor = kFactor})
+            ->wait();
+        EXPECT_EQ(out2.bytes, out.bytes)
+            << "reduce_scatter list form " << name(t, op, n, Algorithm::Ring);
       }
     }
   }
@@ -393,16 +498,20 @@ TEST(Collectives, AlltoallEvenAndUnevenSplits) {
     Buffer in(DataType::Int32, inTotal), out(DataType::Int32, outTotal);
     size_t at = 0;
     for (int p = 0; p < N; ++p) {
-      for (size_t j = 0; j < count(R, p); ++j) in.set(at++, value(DataType::Int32, ReduceOp::Sum, R, static_cast<size_t>(p) * 1000 + j, 6000));
+      for (size_t j = 0; j < count(R, p); ++j)
+        in.set(at++,
+               value(DataType::Int32, ReduceOp::Sum, R, static_cast<size_t>(p) * 1000 + j, 6000));
     }
     Tensor input = in.tensor(), output = out.tensor();
     gBackend->alltoall_base(output, input, outSplits, inSplits)->wait();
     at = 0;
     for (int p = 0; p < N; ++p) {
       for (size_t j = 0; j < count(p, R); ++j) {
-        double want = value(DataType::Int32, ReduceOp::Sum, p, static_cast<size_t>(R) * 1000 + j, 6000);
+        double want =
+            value(DataType::Int32, ReduceOp::Sum, p, static_cast<size_t>(R) * 1000 + j, 6000);
         if (out.get(at) != want) {
-          ADD_FAILURE() << what << ": from rank " << p << " element " << j << " is " << out.get(at) << ", want " << want;
+          ADD_FAILURE() << what << ": from rank " << p << " element " << j << " is " << out.get(at)
+                        << ", want " << want;
           return;
         }
         ++at;
@@ -410,19 +519,23 @@ TEST(Collectives, AlltoallEvenAndUnevenSplits) {
     }
   };
   run([](int, int) { return size_t{5}; }, "alltoall_base even");
-  run([](int from, int to) { return static_cast<size_t>((from * 3 + to * 7) % 5) * 300; }, "alltoall_base uneven");
+  run([](int from, int to) { return static_cast<size_t>((from * 3 + to * 7) % 5) * 300; },
+      "alltoall_base uneven");
   run([](int, int) { return size_t{0}; }, "alltoall_base empty");
   // The list form.
   std::vector<Buffer> ins, outs;
   for (int p = 0; p < N; ++p) {
-    ins.push_back(contribution(DataType::Float16, ReduceOp::Sum, static_cast<size_t>(p + 1), R, 6100 + p));
+    ins.push_back(
+        contribution(DataType::Float16, ReduceOp::Sum, static_cast<size_t>(p + 1), R, 6100 + p));
     outs.emplace_back(DataType::Float16, static_cast<size_t>(R + 1));
   }
   std::vector<Tensor> inputs, outputs;
   for (auto& b : ins) inputs.push_back(b.tensor());
   for (auto& b : outs) outputs.push_back(b.tensor());
   gBackend->alltoall(outputs, inputs)->wait();
-  for (int p = 0; p < N; ++p) expectValues(outs[static_cast<size_t>(p)], DataType::Float16, p, 0, static_cast<size_t>(R + 1), 6100 + R, "alltoall");
+  for (int p = 0; p < N; ++p)
+    expectValues(outs[static_cast<size_t>(p)], DataType::Float16, p, 0, static_cast<size_t>(R + 1),
+                 6100 + R, "alltoall");
 }
 
 // ---------------------------------------------------------- point to point --
@@ -499,7 +612,9 @@ TEST(Collectives, BarrierSequenceAndMonitoredBarrier) {
 TEST(Collectives, WorkCallbacksAndAsyncQueue) {
   // Many ops in flight at once complete in order; then() runs for each.
   std::vector<Buffer> bufs;
-  for (int i = 0; i < 20; ++i) bufs.push_back(contribution(DataType::Float32, ReduceOp::Sum, 100 + static_cast<size_t>(i), R, 8000 + i));
+  for (int i = 0; i < 20; ++i)
+    bufs.push_back(
+        contribution(DataType::Float32, ReduceOp::Sum, 100 + static_cast<size_t>(i), R, 8000 + i));
   std::vector<std::shared_ptr<Work>> works;
   std::atomic<int> callbacks{0};
   for (auto& b : bufs) {
@@ -511,7 +626,9 @@ TEST(Collectives, WorkCallbacksAndAsyncQueue) {
   }
   for (auto& w : works) w->wait();
   EXPECT_EQ(callbacks.load(), 20);
-  for (int i = 0; i < 20; ++i) expectReduced(bufs[static_cast<size_t>(i)], ReduceOp::Sum, 0, bufs[static_cast<size_t>(i)].numel(), 8000 + i, "queued allreduce");
+  for (int i = 0; i < 20; ++i)
+    expectReduced(bufs[static_cast<size_t>(i)], ReduceOp::Sum, 0,
+                  bufs[static_cast<size_t>(i)].numel(), 8000 + i, "queued allreduce");
   EXPECT_TRUE(works.back()->isCompleted());
 }
 
@@ -529,15 +646,20 @@ TEST(Collectives, InvalidCallsThrowOnEveryRankBeforeAnyDataMoves) {
   };
   Buffer f(DataType::Float32, 4), b(DataType::Bool, 4);
   std::vector<Tensor> tf{f.tensor()}, tb{b.tensor()}, none;
-  expectInvalid([&] { gBackend->allreduce(tf, AllreduceOptions{.reduceOp = ReduceOp::BXor}); }, "bxor is not defined for float32");
-  expectInvalid([&] { gBackend->allreduce(tb, AllreduceOptions{.reduceOp = ReduceOp::Avg}); }, "avg is not defined for bool");
+  expectInvalid([&] { gBackend->allreduce(tf, AllreduceOptions{.reduceOp = ReduceOp::BXor}); },
+                "bxor is not defined for float32");
+  expectInvalid([&] { gBackend->allreduce(tb, AllreduceOptions{.reduceOp = ReduceOp::Avg}); },
+                "avg is not defined for bool");
   expectInvalid([&] { gBackend->allreduce(none); }, "exactly one tensor");
-  expectInvalid([&] { gBackend->broadcast(tf, BroadcastOptions{.rootRank = N}); }, fmt::format("root rank {} is not in [0, {})", N, N));
+  expectInvalid([&] { gBackend->broadcast(tf, BroadcastOptions{.rootRank = N}); },
+                fmt::format("root rank {} is not in [0, {})", N, N));
   expectInvalid([&] { gBackend->reduce(tf, ReduceOptions{.rootRank = -1}); }, "root rank -1");
   expectInvalid([&] { gBackend->send(tf, R, 0); }, "is not another rank");
   expectInvalid([&] { gBackend->recv(tf, 0, -3); }, N > 1 && R != 0 ? "tag -3 is negative" : "");
   Tensor out = f.tensor(), in = f.tensor();
-  if (N > 1) expectInvalid([&] { gBackend->_allgather_base(out, in); }, "_allgather_base: the output must be");
+  if (N > 1)
+    expectInvalid([&] { gBackend->_allgather_base(out, in); },
+                  "_allgather_base: the output must be");
   std::vector<int64_t> bad{1}, empty;
   if (N > 1) expectInvalid([&] { gBackend->alltoall_base(out, in, empty, bad); }, "split sizes");
   // The group still works afterwards.

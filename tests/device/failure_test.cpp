@@ -25,7 +25,8 @@ std::shared_ptr<VerbsBackend> makeBackend(const std::string& group) {
 }
 
 // Waits for w and returns its error text ("" on success) and how long it took.
-std::pair<std::string, Clock::duration> outcome(const std::shared_ptr<Work>& w, Clock::time_point since) {
+std::pair<std::string, Clock::duration> outcome(const std::shared_ptr<Work>& w,
+                                                Clock::time_point since) {
   try {
     w->wait();
     return {"", Clock::now() - since};
@@ -39,7 +40,8 @@ TEST(Failure, RankKilledMidAllreduceIsNamedByEverySurvivor) {
   const int rank = backend->getRank(), size = backend->getSize();
   ASSERT_GE(size, 3);
   const int victim = size - 1;
-  std::vector<float> data(1 << 18, 1.0f);  // 1 MiB: many chunks, still in flight when the victim dies
+  std::vector<float> data(1 << 18,
+                          1.0f);  // 1 MiB: many chunks, still in flight when the victim dies
   std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
   backend->barrier()->wait();
   auto start = Clock::now();
@@ -47,7 +49,8 @@ TEST(Failure, RankKilledMidAllreduceIsNamedByEverySurvivor) {
   if (rank == victim) {
     std::this_thread::sleep_for(20ms);
     std::fflush(stdout);
-    std::_Exit(0);  // no destructors, no goodbye: the kernel tears the connections down, as on a crash
+    std::_Exit(
+        0);  // no destructors, no goodbye: the kernel tears the connections down, as on a crash
   }
   auto [error, took] = outcome(w, start);
   EXPECT_NE(error, "") << "the allreduce succeeded without rank " << victim;
@@ -78,12 +81,13 @@ TEST(Failure, TimeoutNamesTheOpAndTheAwaitedRank) {
     EXPECT_NE(error.find("allreduce #2"), std::string::npos) << error;
     return;
   }
-  auto [error, took] = outcome(backend->allreduce(t, AllreduceOptions{.timeout = 3s, .algorithm = Algorithm::Ring}),
-                               start);
+  auto [error, took] = outcome(
+      backend->allreduce(t, AllreduceOptions{.timeout = 3s, .algorithm = Algorithm::Ring}), start);
   EXPECT_NE(error.find("allreduce #2"), std::string::npos) << error;
   EXPECT_LT(took, 3s + 5s) << error;
   if (rank == (absent + 1) % size) {  // its left neighbour in the ring is the absent rank
-    EXPECT_NE(error.find("timed out after 3000 ms, still waiting for rank(s) 1"), std::string::npos) << error;
+    EXPECT_NE(error.find("timed out after 3000 ms, still waiting for rank(s) 1"), std::string::npos)
+        << error;
   }
 }
 
@@ -96,7 +100,8 @@ TEST(Failure, MismatchedSizesFailEveryRank) {
   auto [error, took] = outcome(backend->allreduce(t, AllreduceOptions{.timeout = 10s}), start);
   EXPECT_NE(error, "") << "ranks with different sizes completed an allreduce";
   EXPECT_LT(took, 10s + 5s) << error;
-  bool named = error.find("same sizes") != std::string::npos || error.find("reported a failure") != std::string::npos;
+  bool named = error.find("same sizes") != std::string::npos ||
+               error.find("reported a failure") != std::string::npos;
   EXPECT_TRUE(named) << error;
 }
 

@@ -19,7 +19,8 @@ std::vector<T> reduced(std::vector<T> a, const std::vector<T>& b, DataType t, Re
 TEST(Reduce, Float32AndFloat64) {
   std::vector<float> a{1.5f, -2, 3, 0}, b{2, 4, -8, -0.0f};
   EXPECT_EQ(reduced(a, b, DataType::Float32, ReduceOp::Sum), (std::vector<float>{3.5f, 2, -5, 0}));
-  EXPECT_EQ(reduced(a, b, DataType::Float32, ReduceOp::Product), (std::vector<float>{3, -8, -24, -0.0f}));
+  EXPECT_EQ(reduced(a, b, DataType::Float32, ReduceOp::Product),
+            (std::vector<float>{3, -8, -24, -0.0f}));
   EXPECT_EQ(reduced(a, b, DataType::Float32, ReduceOp::Min), (std::vector<float>{1.5f, -2, -8, 0}));
   EXPECT_EQ(reduced(a, b, DataType::Float32, ReduceOp::Max), (std::vector<float>{2, 4, 3, 0}));
   std::vector<double> c{1e300, 1}, d{1e300, 2};
@@ -35,7 +36,8 @@ TEST(Reduce, Float32AndFloat64) {
 TEST(Reduce, IntegersWrapLikeTwosComplement) {
   std::vector<int8_t> a{127, -128, 5, -1}, b{1, -1, -3, -1};
   EXPECT_EQ(reduced(a, b, DataType::Int8, ReduceOp::Sum), (std::vector<int8_t>{-128, 127, 2, -2}));
-  EXPECT_EQ(reduced(a, b, DataType::Int8, ReduceOp::Product), (std::vector<int8_t>{127, -128, -15, 1}));
+  EXPECT_EQ(reduced(a, b, DataType::Int8, ReduceOp::Product),
+            (std::vector<int8_t>{127, -128, -15, 1}));
   std::vector<uint8_t> u{250, 3}, v{10, 4};
   EXPECT_EQ(reduced(u, v, DataType::UInt8, ReduceOp::Sum), (std::vector<uint8_t>{4, 7}));
   EXPECT_EQ(reduced(u, v, DataType::UInt8, ReduceOp::Min), (std::vector<uint8_t>{10, 3}));
@@ -45,7 +47,8 @@ TEST(Reduce, IntegersWrapLikeTwosComplement) {
   EXPECT_EQ(reduced(i, j, DataType::Int32, ReduceOp::BXor), (std::vector<int32_t>{0x0ff0, -7 ^ 3}));
   std::vector<int64_t> k{std::numeric_limits<int64_t>::max(), 6}, l{1, -2};
   EXPECT_EQ(reduced(k, l, DataType::Int64, ReduceOp::Sum)[0], std::numeric_limits<int64_t>::min());
-  EXPECT_EQ(reduced(k, l, DataType::Int64, ReduceOp::Max), (std::vector<int64_t>{std::numeric_limits<int64_t>::max(), 6}));
+  EXPECT_EQ(reduced(k, l, DataType::Int64, ReduceOp::Max),
+            (std::vector<int64_t>{std::numeric_limits<int64_t>::max(), 6}));
 }
 
 TEST(Reduce, BoolIsLogical) {
@@ -65,7 +68,8 @@ TEST(Reduce, HalfAndBfloat16ComputeInFloat) {
   EXPECT_EQ(halfToFloat(s[2]), -7.0f);
   auto m = reduced(a, b, DataType::Float16, ReduceOp::Max);
   EXPECT_EQ(halfToFloat(m[2]), -3.0f);
-  std::vector<uint16_t> c{floatToBfloat16(1.0f), floatToBfloat16(256)}, d{floatToBfloat16(2.0f), floatToBfloat16(1)};
+  std::vector<uint16_t> c{floatToBfloat16(1.0f), floatToBfloat16(256)},
+      d{floatToBfloat16(2.0f), floatToBfloat16(1)};
   auto p = reduced(c, d, DataType::BFloat16, ReduceOp::Product);
   EXPECT_EQ(bfloat16ToFloat(p[0]), 2.0f);
   EXPECT_EQ(bfloat16ToFloat(p[1]), 256.0f);

@@ -36,7 +36,8 @@ void simulate(std::vector<Rank>& ranks) {
     }
     for (const auto& s : r.schedule) {
       std::set<int> from;
-      for (const auto& recv : s.recvs) ASSERT_TRUE(from.insert(recv.peer).second) << "two receives from one peer in a step";
+      for (const auto& recv : s.recvs)
+        ASSERT_TRUE(from.insert(recv.peer).second) << "two receives from one peer in a step";
     }
   }
   bool progress = true;
@@ -67,8 +68,9 @@ void simulate(std::vector<Rank>& ranks) {
           if (!ready) continue;
           const Range& range = s.sends[i].range;
           Bytes& src = r.send();
-          wires[{me, s.sends[i].peer}].push_back(Bytes(src.begin() + static_cast<ptrdiff_t>(range.offset),
-                                                       src.begin() + static_cast<ptrdiff_t>(range.offset + range.bytes)));
+          wires[{me, s.sends[i].peer}].push_back(
+              Bytes(src.begin() + static_cast<ptrdiff_t>(range.offset),
+                    src.begin() + static_cast<ptrdiff_t>(range.offset + range.bytes)));
           r.sent[i] = true;
           progress = true;
         }
@@ -91,10 +93,13 @@ void simulate(std::vector<Rank>& ranks) {
     EXPECT_EQ(ranks[static_cast<size_t>(me)].step, ranks[static_cast<size_t>(me)].schedule.size())
         << "rank " << me << " is stuck (deadlock)";
   }
-  for (auto& [wire, q] : wires) EXPECT_TRUE(q.empty()) << "unconsumed message " << wire.first << "->" << wire.second;
+  for (auto& [wire, q] : wires)
+    EXPECT_TRUE(q.empty()) << "unconsumed message " << wire.first << "->" << wire.second;
 }
 
-uint8_t v(int rank, size_t i) { return static_cast<uint8_t>((rank * 7 + i * 3 + 1) % 16); }
+uint8_t v(int rank, size_t i) {
+  return static_cast<uint8_t>((rank * 7 + i * 3 + 1) % 16);
+}
 
 class Sizes : public ::testing::TestWithParam<int> {};
 
@@ -112,7 +117,9 @@ TEST_P(Sizes, RingAllreduceSumsEverywhereAndEachBlockHasOneOwner) {
     for (size_t i = 0; i < count; ++i) {
       uint8_t want = 0;
       for (int r = 0; r < n; ++r) want = static_cast<uint8_t>(want + v(r, i));
-      for (int r = 0; r < n; ++r) ASSERT_EQ(ranks[static_cast<size_t>(r)].recvBuf[i], want) << "n=" << n << " count=" << count;
+      for (int r = 0; r < n; ++r)
+        ASSERT_EQ(ranks[static_cast<size_t>(r)].recvBuf[i], want)
+            << "n=" << n << " count=" << count;
     }
     // Finalisation: every block exactly once, by its owner, before it travels.
     std::vector<int> finalised(count, 0);
@@ -164,7 +171,8 @@ TEST_P(Sizes, RingAllgatherAndPairwiseAlltoall) {
   for (int r = 0; r < n; ++r) {
     for (int q = 0; q < n; ++q) {
       const Range& blk = blocks[static_cast<size_t>(q)];
-      for (size_t b = 0; b < blk.bytes; ++b) EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf[blk.offset + b], v(q, blk.offset + b));
+      for (size_t b = 0; b < blk.bytes; ++b)
+        EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf[blk.offset + b], v(q, blk.offset + b));
     }
   }
   // Alltoall with uneven blocks: rank r sends (r + p) % 3 bytes to p.
@@ -180,7 +188,8 @@ TEST_P(Sizes, RingAllgatherAndPairwiseAlltoall) {
     x.recvBuf.assign(std::accumulate(out.begin(), out.end(), size_t{0}), 0);
     size_t at = 0;
     for (int p = 0; p < n; ++p) {
-      for (size_t j = 0; j < in[static_cast<size_t>(p)]; ++j) x.sendBuf[at++] = static_cast<uint8_t>(r * 16 + p);
+      for (size_t j = 0; j < in[static_cast<size_t>(p)]; ++j)
+        x.sendBuf[at++] = static_cast<uint8_t>(r * 16 + p);
     }
   }
   simulate(a);
@@ -206,7 +215,8 @@ TEST_P(Sizes, TreesAndChainsFromEveryRoot) {
         ranks[static_cast<size_t>(r)].recvBuf.assign(9, r == root ? 42 : 0);
       }
       simulate(ranks);
-      for (int r = 0; r < n; ++r) EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf, Bytes(9, 42)) << "root " << root;
+      for (int r = 0; r < n; ++r)
+        EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf, Bytes(9, 42)) << "root " << root;
     }
     std::vector<Rank> ranks(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
@@ -214,7 +224,8 @@ TEST_P(Sizes, TreesAndChainsFromEveryRoot) {
       ranks[static_cast<size_t>(r)].recvBuf.assign(4, static_cast<uint8_t>(r + 1));
     }
     simulate(ranks);
-    EXPECT_EQ(ranks[static_cast<size_t>(root)].recvBuf, Bytes(4, static_cast<uint8_t>(n * (n + 1) / 2)));
+    EXPECT_EQ(ranks[static_cast<size_t>(root)].recvBuf,
+              Bytes(4, static_cast<uint8_t>(n * (n + 1) / 2)));
     // Binomial shape: every rank but the root has one parent that lists it as a child.
     for (int r = 0; r < n; ++r) {
       int parent = algorithms::binomialParent(r, n, root);
@@ -232,7 +243,9 @@ TEST_P(Sizes, TreesAndChainsFromEveryRoot) {
     ranks[static_cast<size_t>(r)].recvBuf.assign(6, static_cast<uint8_t>(r + 1));
   }
   simulate(ranks);
-  for (int r = 0; r < n; ++r) EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf, Bytes(6, static_cast<uint8_t>(n * (n + 1) / 2)));
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf,
+              Bytes(6, static_cast<uint8_t>(n * (n + 1) / 2)));
 }
 
 TEST_P(Sizes, LinearGatherScatterAndBarrier) {
@@ -264,7 +277,8 @@ TEST_P(Sizes, LinearGatherScatterAndBarrier) {
     }
   }
   std::vector<Rank> b(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) b[static_cast<size_t>(r)].schedule = algorithms::disseminationBarrier(r, n);
+  for (int r = 0; r < n; ++r)
+    b[static_cast<size_t>(r)].schedule = algorithms::disseminationBarrier(r, n);
   simulate(b);
   int rounds = 0;
   for (int d = 1; d < n; d <<= 1) ++rounds;
