@@ -1,4 +1,6 @@
 #include "rdmacc/types.hpp"
+#include <cstring>
+
 #include "rdmacc/options.hpp"
 #include "rdmacc/work.hpp"
 
@@ -157,6 +159,92 @@ const char* toString(OpType type) noexcept {
       return "monitoredBarrier";
   }
   return "?";
+}
+
+double getElement(const Tensor& t, size_t i) {
+  const uint8_t* p = static_cast<const uint8_t*>(t.data) + i * elementSize(t.dtype);
+  switch (t.dtype) {
+    case DataType::Float32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DataType::Float64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    case DataType::Float16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return halfToFloat(v);
+    }
+    case DataType::BFloat16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return bfloat16ToFloat(v);
+    }
+    case DataType::Int8:
+      return static_cast<int8_t>(*p);
+    case DataType::UInt8:
+      return *p;
+    case DataType::Int32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DataType::Int64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<double>(v);
+    }
+    case DataType::Bool:
+      return *p != 0;
+  }
+  return 0;
+}
+
+void setElement(const Tensor& t, size_t i, double v) {
+  uint8_t* p = static_cast<uint8_t*>(t.data) + i * elementSize(t.dtype);
+  switch (t.dtype) {
+    case DataType::Float32: {
+      float f = static_cast<float>(v);
+      std::memcpy(p, &f, 4);
+      return;
+    }
+    case DataType::Float64:
+      std::memcpy(p, &v, 8);
+      return;
+    case DataType::Float16: {
+      uint16_t h = floatToHalf(static_cast<float>(v));
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case DataType::BFloat16: {
+      uint16_t h = floatToBfloat16(static_cast<float>(v));
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case DataType::Int8:
+      *p = static_cast<uint8_t>(static_cast<int8_t>(v));
+      return;
+    case DataType::UInt8:
+      *p = static_cast<uint8_t>(v);
+      return;
+    case DataType::Int32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+      return;
+    }
+    case DataType::Int64: {
+      int64_t x = static_cast<int64_t>(v);
+      std::memcpy(p, &x, 8);
+      return;
+    }
+    case DataType::Bool:
+      *p = v != 0;
+      return;
+  }
 }
 
 }  // namespace rdmacc

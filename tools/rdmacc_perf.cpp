@@ -259,89 +259,9 @@ struct Buffer {
   Buffer(DataType t, size_t n) : dtype(t), bytes(n * elementSize(t)) {}
   size_t numel() const { return bytes.size() / elementSize(dtype); }
   Tensor tensor() { return Tensor{bytes.data(), numel(), dtype}; }
-  void set(size_t i, double v) {
-    uint8_t* p = bytes.data() + i * elementSize(dtype);
-    switch (dtype) {
-      case DataType::Float32: {
-        float f = static_cast<float>(v);
-        std::memcpy(p, &f, 4);
-        break;
-      }
-      case DataType::Float64:
-        std::memcpy(p, &v, 8);
-        break;
-      case DataType::Float16: {
-        uint16_t h = floatToHalf(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::BFloat16: {
-        uint16_t h = floatToBfloat16(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::Int8:
-        *p = static_cast<uint8_t>(static_cast<int8_t>(v));
-        break;
-      case DataType::UInt8:
-        *p = static_cast<uint8_t>(v);
-        break;
-      case DataType::Int32: {
-        int32_t x = static_cast<int32_t>(v);
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DataType::Int64: {
-        int64_t x = static_cast<int64_t>(v);
-        std::memcpy(p, &x, 8);
-        break;
-      }
-      case DataType::Bool:
-        *p = v != 0;
-        break;
-    }
-  }
+  void set(size_t i, double v) { setElement(tensor(), i, v); }
   double get(size_t i) const {
-    const uint8_t* p = bytes.data() + i * elementSize(dtype);
-    switch (dtype) {
-      case DataType::Float32: {
-        float f;
-        std::memcpy(&f, p, 4);
-        return f;
-      }
-      case DataType::Float64: {
-        double d;
-        std::memcpy(&d, p, 8);
-        return d;
-      }
-      case DataType::Float16: {
-        uint16_t h;
-        std::memcpy(&h, p, 2);
-        return halfToFloat(h);
-      }
-      case DataType::BFloat16: {
-        uint16_t h;
-        std::memcpy(&h, p, 2);
-        return bfloat16ToFloat(h);
-      }
-      case DataType::Int8:
-        return static_cast<int8_t>(*p);
-      case DataType::UInt8:
-        return *p;
-      case DataType::Int32: {
-        int32_t x;
-        std::memcpy(&x, p, 4);
-        return x;
-      }
-      case DataType::Int64: {
-        int64_t x;
-        std::memcpy(&x, p, 8);
-        return static_cast<double>(x);
-      }
-      case DataType::Bool:
-        return *p;
-    }
-    return 0;
+    return getElement(Tensor{const_cast<uint8_t*>(bytes.data()), numel(), dtype}, i);
   }
 };
 

@@ -35,4 +35,9 @@ struct Tensor {
   size_t bytes() const noexcept { return numel * elementSize(dtype); }
 };
 
+// Element i of t read as / written from a double (rounded to the dtype as a
+// cast would; Bool is 0 or 1). For tests, tools and checks, not for bulk data.
+double getElement(const Tensor& t, size_t i);
+void setElement(const Tensor& t, size_t i, double value);
+
 }  // namespace rdmacc

@@ -47,89 +47,9 @@ struct Buffer {
   }
 
   double get(size_t i) const {
-    const uint8_t* p = bytes.data() + i * elementSize(dtype);
-    switch (dtype) {
-      case DataType::Float32: {
-        float v;
-        std::memcpy(&v, p, 4);
-        return v;
-      }
-      case DataType::Float64: {
-        double v;
-        std::memcpy(&v, p, 8);
-        return v;
-      }
-      case DataType::Float16: {
-        uint16_t v;
-        std::memcpy(&v, p, 2);
-        return halfToFloat(v);
-      }
-      case DataType::BFloat16: {
-        uint16_t v;
-        std::memcpy(&v, p, 2);
-        return bfloat16ToFloat(v);
-      }
-      case DataType::Int8:
-        return static_cast<int8_t>(*p);
-      case DataType::UInt8:
-        return *p;
-      case DataType::Int32: {
-        int32_t v;
-        std::memcpy(&v, p, 4);
-        return v;
-      }
-      case DataType::Int64: {
-        int64_t v;
-        std::memcpy(&v, p, 8);
-        return static_cast<double>(v);
-      }
-      case DataType::Bool:
-        return *p;
-    }
-    return 0;
+    return getElement(Tensor{const_cast<uint8_t*>(bytes.data()), numel(), dtype}, i);
   }
-  void set(size_t i, double v) {
-    uint8_t* p = bytes.data() + i * elementSize(dtype);
-    switch (dtype) {
-      case DataType::Float32: {
-        float f = static_cast<float>(v);
-        std::memcpy(p, &f, 4);
-        break;
-      }
-      case DataType::Float64:
-        std::memcpy(p, &v, 8);
-        break;
-      case DataType::Float16: {
-        uint16_t h = floatToHalf(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::BFloat16: {
-        uint16_t h = floatToBfloat16(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DataType::Int8:
-        *p = static_cast<uint8_t>(static_cast<int8_t>(v));
-        break;
-      case DataType::UInt8:
-        *p = static_cast<uint8_t>(v);
-        break;
-      case DataType::Int32: {
-        int32_t x = static_cast<int32_t>(v);
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DataType::Int64: {
-        int64_t x = static_cast<int64_t>(v);
-        std::memcpy(p, &x, 8);
-        break;
-      }
-      case DataType::Bool:
-        *p = v != 0;
-        break;
-    }
-  }
+  void set(size_t i, double v) { setElement(Tensor{bytes.data(), numel(), dtype}, i, v); }
 };
 
 // The value rank r contributes at element i of case c.
