@@ -105,6 +105,54 @@ TEST(Failure, MismatchedSizesFailEveryRank) {
   EXPECT_TRUE(named) << error;
 }
 
+TEST(Failure, MonitoredBarrierNamesTheMissingRanks) {
+  auto backend = makeBackend("monitored");
+  const int rank = backend->getRank(), size = backend->getSize();
+  ASSERT_GE(size, 3);
+  backend->barrier()->wait();
+  auto start = Clock::now();
+  if (rank == size - 1) {  // never arrives at the monitored barrier
+    std::this_thread::sleep_for(5s);
+    return;
+  }
+  try {
+    backend->monitoredBarrier(BarrierOptions{.timeout = 2s}, /*waitAllRanks=*/true);
+    ADD_FAILURE() << "the monitored barrier passed without rank " << size - 1;
+  } catch (const Error& e) {
+    std::string w = e.what();
+    if (rank == 0) {
+      EXPECT_NE(
+          w.find(fmt::format(
+              "monitoredBarrier: rank(s) {} did not reach the barrier within 2000 ms", size - 1)),
+          std::string::npos)
+          << w;
+    }
+    EXPECT_LT(Clock::now() - start, 2s + 5s) << w;
+  }
+}
+
+TEST(Failure, WorkAbortFailsEveryRank) {
+  auto backend = makeBackend("abort");
+  const int rank = backend->getRank();
+  backend->barrier()->wait();
+  std::vector<float> data(100, 1.0f);
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
+  auto start = Clock::now();
+  std::shared_ptr<Work> w;
+  if (rank == 0) {
+    // Rank 0 posts a receive nobody will match and aborts it.
+    w = backend->recv(t, 1, 4242);
+    std::this_thread::sleep_for(200ms);
+    w->abort();
+  } else {
+    w = backend->allreduce(t, AllreduceOptions{.timeout = 30s});
+  }
+  auto [error, took] = outcome(w, start);
+  EXPECT_NE(error, "");
+  EXPECT_NE(error.find("aborted"), std::string::npos) << error;
+  EXPECT_LT(took, 10s) << error;
+}
+
 }  // namespace
 }  // namespace rdmacc
 
