@@ -122,3 +122,24 @@ TEST(Gid, Ipv4MappingAndFormatting) {
 
 }  // namespace
 }  // namespace rdmacc
+
+namespace rdmacc {
+namespace {
+
+// On a machine without RDMA (like the CI hosts) the error must say how to get a device.
+TEST(NoDevice, ErrorSaysHowToGetOne) {
+  if (!listDevices().empty()) GTEST_SKIP() << "this machine has an RDMA device";
+  try {
+    selectEndpoint(Config::load({}, {}));
+    FAIL() << "an endpoint without a device";
+  } catch (const Error& e) {
+    std::string w = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::NoDevice);
+    EXPECT_NE(w.find("no RDMA device found"), std::string::npos) << w;
+    EXPECT_NE(w.find("modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0"), std::string::npos) << w;
+    EXPECT_NE(w.find("tools/with-rdma-device"), std::string::npos) << w;
+  }
+}
+
+}  // namespace
+}  // namespace rdmacc
