@@ -325,37 +325,41 @@ TEST(Collectives, AllgatherListsAndCoalesced) {
   }
 }
 
-TEST(Collectives, GatherAndScatterAtEveryRoot) {
-  for (int root = 0; root < N; ++root) {
-    for (size_t n : {size_t{0}, size_t{7}, size_t{4099}}) {
-      int c = 4000 + root * 10 + static_cast<int>(n % 10);
-      Buffer in = contribution(DataType::Int64, ReduceOp::Sum, n, R, c);
-      std::vector<Tensor> inputs{in.tensor()};
-      std::vector<Buffer> outs;
-      std::vector<std::vector<Tensor>> outputs;
-      if (R == root) {
-        outs.assign(static_cast<size_t>(N), Buffer(DataType::Int64, n));
-        outputs.emplace_back();
-        for (auto& o : outs) outputs[0].push_back(o.tensor());
+TEST(Collectives, GatherAndScatterEveryTypeAndRoot) {
+  int c = 4000;
+  for (DataType t : kTypes) {
+    // Every root with one dtype, the first and last root with the others.
+    for (int root = 0; root < N; ++root) {
+      if (t != DataType::Int64 && root != 0 && root != N - 1) continue;
+      for (size_t n : {size_t{0}, size_t{7}, size_t{4099}}) {
+        c += 2;
+        Buffer in = contribution(t, ReduceOp::Sum, n, R, c);
+        std::vector<Tensor> inputs{in.tensor()};
+        std::vector<Buffer> outs;
+        std::vector<std::vector<Tensor>> outputs;
+        if (R == root) {
+          outs.assign(static_cast<size_t>(N), Buffer(t, n));
+          outputs.emplace_back();
+          for (auto& o : outs) outputs[0].push_back(o.tensor());
+        }
+        gBackend->gather(outputs, inputs, GatherOptions{.rootRank = root})->wait();
+        if (R == root) {
+          for (int r = 0; r < N; ++r)
+            expectValues(outs[static_cast<size_t>(r)], t, r, 0, n, c, "gather");
+        }
+        // Scatter: the root sends block r to rank r (values as if from rank r).
+        std::vector<Buffer> ins;
+        std::vector<std::vector<Tensor>> scatterInputs;
+        if (R == root) {
+          scatterInputs.emplace_back();
+          for (int r = 0; r < N; ++r) ins.push_back(contribution(t, ReduceOp::Sum, n, r, c + 1));
+          for (auto& i : ins) scatterInputs[0].push_back(i.tensor());
+        }
+        Buffer out(t, n);
+        std::vector<Tensor> scatterOutputs{out.tensor()};
+        gBackend->scatter(scatterOutputs, scatterInputs, ScatterOptions{.rootRank = root})->wait();
+        expectValues(out, t, R, 0, n, c + 1, "scatter");
       }
-      gBackend->gather(outputs, inputs, GatherOptions{.rootRank = root})->wait();
-      if (R == root) {
-        for (int r = 0; r < N; ++r)
-          expectValues(outs[static_cast<size_t>(r)], DataType::Int64, r, 0, n, c, "gather");
-      }
-      // Scatter: the root sends block r to rank r (values as if from rank r).
-      std::vector<Buffer> ins;
-      std::vector<std::vector<Tensor>> scatterInputs;
-      if (R == root) {
-        scatterInputs.emplace_back();
-        for (int r = 0; r < N; ++r)
-          ins.push_back(contribution(DataType::Int64, ReduceOp::Sum, n, r, c + 1));
-        for (auto& i : ins) scatterInputs[0].push_back(i.tensor());
-      }
-      Buffer out(DataType::Int64, n);
-      std::vector<Tensor> scatterOutputs{out.tensor()};
-      gBackend->scatter(scatterOutputs, scatterInputs, ScatterOptions{.rootRank = root})->wait();
-      expectValues(out, DataType::Int64, R, 0, n, c + 1, "scatter");
     }
   }
 }
@@ -442,20 +446,22 @@ TEST(Collectives, AlltoallEvenAndUnevenSplits) {
   run([](int from, int to) { return static_cast<size_t>((from * 3 + to * 7) % 5) * 300; },
       "alltoall_base uneven");
   run([](int, int) { return size_t{0}; }, "alltoall_base empty");
-  // The list form.
-  std::vector<Buffer> ins, outs;
-  for (int p = 0; p < N; ++p) {
-    ins.push_back(
-        contribution(DataType::Float16, ReduceOp::Sum, static_cast<size_t>(p + 1), R, 6100 + p));
-    outs.emplace_back(DataType::Float16, static_cast<size_t>(R + 1));
+  // The list form, every dtype: rank r sends p + 1 elements to rank p.
+  for (DataType t : kTypes) {
+    std::vector<Buffer> ins, outs;
+    for (int p = 0; p < N; ++p) {
+      ins.push_back(contribution(t, ReduceOp::Sum, static_cast<size_t>(p + 1), R, 6100 + p));
+      outs.emplace_back(t, static_cast<size_t>(R + 1));
+    }
+    std::vector<Tensor> inputs, outputs;
+    for (auto& b : ins) inputs.push_back(b.tensor());
+    for (auto& b : outs) outputs.push_back(b.tensor());
+    gBackend->alltoall(outputs, inputs)->wait();
+    for (int p = 0; p < N; ++p) {
+      expectValues(outs[static_cast<size_t>(p)], t, p, 0, static_cast<size_t>(R + 1), 6100 + R,
+                   fmt::format("alltoall {}", toString(t)));
+    }
   }
-  std::vector<Tensor> inputs, outputs;
-  for (auto& b : ins) inputs.push_back(b.tensor());
-  for (auto& b : outs) outputs.push_back(b.tensor());
-  gBackend->alltoall(outputs, inputs)->wait();
-  for (int p = 0; p < N; ++p)
-    expectValues(outs[static_cast<size_t>(p)], DataType::Float16, p, 0, static_cast<size_t>(R + 1),
-                 6100 + R, "alltoall");
 }
 
 // ---------------------------------------------------------- point to point --
