@@ -716,7 +716,10 @@ struct Engine::Impl {
     if (pollCompletions()) return;
     std::array<pollfd, 3> fds{
         {{mesh.cq().fd(), POLLIN, 0}, {wakeFd.get(), POLLIN, 0}, {mesh.eventFd(), POLLIN, 0}}};
-    int timeoutMs = 20;  // deadlines are checked at least this often
+    // With work pending, deadlines are checked at least every 20 ms; an idle
+    // engine sleeps until a submission, a completion or an rdma_cm event.
+    bool idle = collectives.empty() && pointToPoint.empty() && departures.empty();
+    int timeoutMs = idle ? -1 : 20;
     ::poll(fds.data(), fds[2].fd >= 0 ? 3 : 2, timeoutMs);
     if (fds[1].revents & POLLIN) {
       uint64_t v = 0;
