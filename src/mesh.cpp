@@ -57,6 +57,7 @@ struct Mesh::Setup {
   Store& store;
   uint64_t token;
   Clock::time_point deadline;
+  std::chrono::milliseconds connectTimeout;
   std::vector<std::optional<std::pair<std::string, uint16_t>>> addresses;  // of lower ranks
   std::map<rdma_cm_id*, Attempt> attempts;
   std::vector<std::pair<Clock::time_point, std::pair<int, int>>> retries;  // (when, (peer, qp))
@@ -345,13 +346,12 @@ struct Mesh::Setup {
     throw Error(ErrorInfo{
         .kind = ErrorKind::Timeout,
         .message = fmt::format("rank {} of {}: the group did not form within {} ms: {}", mesh.rank_,
-                               mesh.size_, deadlineSpan.count(), what),
+                               mesh.size_, connectTimeout.count(), what),
         .peerRank = missing.size() == 1 ? missing.front() : -1,
         .hint =
             "start every rank (WORLD_SIZE must match the number of processes), check their output "
             "for errors, or raise RDMACC_CONNECT_TIMEOUT"});
   }
-  std::chrono::milliseconds deadlineSpan{0};
 
   void checkAbort() {
     if (!store.check({"abort"})) return;
@@ -456,10 +456,10 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
                 .store = groupStore,
                 .token = token,
                 .deadline = deadline,
+                .connectTimeout = connectTimeout,
                 .addresses = std::vector<std::optional<std::pair<std::string, uint16_t>>>(
                     static_cast<size_t>(size))};
     setup.connectionView.assign(connections_.size(), nullptr);
-    setup.deadlineSpan = connectTimeout;
     setup.run();
     log(LogLevel::Info, "rank {}: connected to all {} peers", rank, size - 1);
   } catch (const Error& e) {

@@ -14,6 +14,12 @@ std::vector<Range> evenBlocks(size_t count, int parts, size_t elementSize) {
   return blocks;
 }
 
+std::vector<Range> uniformBlocks(size_t bytes, int parts) {
+  std::vector<Range> blocks;
+  for (int r = 0; r < parts; ++r) blocks.push_back(Range{bytes * static_cast<size_t>(r), bytes});
+  return blocks;
+}
+
 std::vector<Range> blocksOf(const std::vector<size_t>& counts, size_t elementSize) {
   std::vector<Range> blocks;
   size_t offset = 0;

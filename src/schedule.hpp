@@ -43,6 +43,8 @@ using Schedule = std::vector<Step>;
 // count elements split into `parts` contiguous blocks whose sizes differ by at
 // most one element (the first count % parts blocks are one larger); in bytes.
 std::vector<Range> evenBlocks(size_t count, int parts, size_t elementSize);
+// `parts` blocks of `bytes` each, laid end to end.
+std::vector<Range> uniformBlocks(size_t bytes, int parts);
 // Blocks of the given element counts laid end to end; in bytes.
 std::vector<Range> blocksOf(const std::vector<size_t>& counts, size_t elementSize);
 

@@ -157,6 +157,55 @@ struct VerbsBackend::Impl {
     op.description =
         fmt::format("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp), toString(algo));
   }
+
+  // allgather and allgather_coalesced: every rank's inputs packed into one block.
+  std::shared_ptr<Work> allgatherPacked(OpType type, std::vector<std::vector<Tensor>>& outputLists,
+                                        std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
+    if (outputLists.size() != static_cast<size_t>(size)) {
+      invalid(fmt::format("allgather_coalesced needs {} output lists (one per rank), got {}", size,
+                          outputLists.size()));
+    }
+    size_t perRank = 0;
+    for (const auto& t : inputs) {
+      checkTensor(t, "allgather_coalesced", "an input");
+      perRank += t.bytes();
+    }
+    for (const auto& list : outputLists) {
+      if (list.size() != inputs.size())
+        invalid("allgather_coalesced: every output list must match the input list");
+      for (size_t i = 0; i < list.size(); ++i)
+        checkSame(inputs[i], list[i], "allgather_coalesced", "an output");
+    }
+    if (opts.algorithm != Algorithm::Auto && opts.algorithm != Algorithm::Ring)
+      invalid("allgather has a ring only");
+    auto op = collective(type, opts.timeout);
+    op->scratch.resize(perRank * static_cast<size_t>(size));
+    uint8_t* flat = op->scratch.data();
+    op->schedule = algorithms::ringAllgather(rank, size, uniformBlocks(perRank, size));
+    op->sendBase = op->recvBase = flat;
+    std::vector<Tensor> ins = inputs;
+    std::vector<std::vector<Tensor>> outs = outputLists;
+    int me = rank;
+    op->prologue = [flat, ins, perRank, me] {
+      size_t at = perRank * static_cast<size_t>(me);
+      for (const auto& t : ins) {
+        if (t.bytes() > 0) std::memcpy(flat + at, t.data, t.bytes());
+        at += t.bytes();
+      }
+    };
+    op->epilogue = [flat, outs] {
+      size_t at = 0;
+      for (const auto& list : outs) {
+        for (const auto& t : list) {
+          if (t.bytes() > 0) std::memcpy(t.data, flat + at, t.bytes());
+          at += t.bytes();
+        }
+      }
+    };
+    op->checkValue = checkValue(perRank, inputs.size());
+    op->description = fmt::format("{} tensor(s), {} bytes per rank", inputs.size(), perRank);
+    return submit(std::move(op));
+  }
 };
 
 VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Options options)
@@ -335,61 +384,13 @@ std::shared_ptr<Work> VerbsBackend::allgather(std::vector<std::vector<Tensor>>& 
   std::vector<std::vector<Tensor>> lists(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r)
     lists[static_cast<size_t>(r)] = {outputs[0][static_cast<size_t>(r)]};
-  return allgather_coalesced(lists, inputs, opts);
+  return impl_->allgatherPacked(OpType::Allgather, lists, inputs, opts);
 }
 
 std::shared_ptr<Work> VerbsBackend::allgather_coalesced(
     std::vector<std::vector<Tensor>>& outputLists, std::vector<Tensor>& inputs,
     const AllgatherOptions& opts) {
-  Impl& s = *impl_;
-  if (outputLists.size() != static_cast<size_t>(size_)) {
-    invalid(fmt::format("allgather_coalesced needs {} output lists (one per rank), got {}", size_,
-                        outputLists.size()));
-  }
-  size_t perRank = 0;
-  for (const auto& t : inputs) {
-    checkTensor(t, "allgather_coalesced", "an input");
-    perRank += t.bytes();
-  }
-  for (const auto& list : outputLists) {
-    if (list.size() != inputs.size())
-      invalid("allgather_coalesced: every output list must match the input list");
-    for (size_t i = 0; i < list.size(); ++i)
-      checkSame(inputs[i], list[i], "allgather_coalesced", "an output");
-  }
-  if (opts.algorithm != Algorithm::Auto && opts.algorithm != Algorithm::Ring)
-    invalid("allgather has a ring only");
-  bool plain = outputLists.size() > 0 && inputs.size() == 1;
-  auto op = s.collective(plain ? OpType::Allgather : OpType::AllgatherCoalesced, opts.timeout);
-  op->scratch.resize(perRank * static_cast<size_t>(size_));
-  uint8_t* flat = op->scratch.data();
-  std::vector<Range> blocks;
-  for (int r = 0; r < size_; ++r)
-    blocks.push_back(Range{perRank * static_cast<size_t>(r), perRank});
-  op->schedule = algorithms::ringAllgather(rank_, size_, blocks);
-  op->sendBase = op->recvBase = flat;
-  std::vector<Tensor> ins = inputs;
-  std::vector<std::vector<Tensor>> outs = outputLists;
-  int me = rank_;
-  op->prologue = [flat, ins, perRank, me] {
-    size_t at = perRank * static_cast<size_t>(me);
-    for (const auto& t : ins) {
-      if (t.bytes() > 0) std::memcpy(flat + at, t.data, t.bytes());
-      at += t.bytes();
-    }
-  };
-  op->epilogue = [flat, outs] {
-    size_t at = 0;
-    for (const auto& list : outs) {
-      for (const auto& t : list) {
-        if (t.bytes() > 0) std::memcpy(t.data, flat + at, t.bytes());
-        at += t.bytes();
-      }
-    }
-  };
-  op->checkValue = checkValue(perRank, inputs.size());
-  op->description = fmt::format("{} tensor(s), {} bytes per rank", inputs.size(), perRank);
-  return s.submit(std::move(op));
+  return impl_->allgatherPacked(OpType::AllgatherCoalesced, outputLists, inputs, opts);
 }
 
 std::shared_ptr<Work> VerbsBackend::gather(std::vector<std::vector<Tensor>>& outputs,
@@ -407,8 +408,7 @@ std::shared_ptr<Work> VerbsBackend::gather(std::vector<std::vector<Tensor>>& out
   }
   auto op = s.collective(OpType::Gather, opts.timeout);
   size_t bytes = in.bytes();
-  std::vector<Range> blocks;
-  for (int r = 0; r < size_; ++r) blocks.push_back(Range{bytes * static_cast<size_t>(r), bytes});
+  std::vector<Range> blocks = uniformBlocks(bytes, size_);
   op->schedule = algorithms::linearGather(rank_, size_, root, Range{0, bytes}, blocks);
   op->sendBase = bytesOf(in);
   if (rank_ == root) {
@@ -446,8 +446,7 @@ std::shared_ptr<Work> VerbsBackend::scatter(std::vector<Tensor>& outputs,
   }
   auto op = s.collective(OpType::Scatter, opts.timeout);
   size_t bytes = out.bytes();
-  std::vector<Range> blocks;
-  for (int r = 0; r < size_; ++r) blocks.push_back(Range{bytes * static_cast<size_t>(r), bytes});
+  std::vector<Range> blocks = uniformBlocks(bytes, size_);
   op->schedule = algorithms::linearScatter(rank_, size_, root, blocks, Range{0, bytes});
   op->recvBase = bytesOf(out);
   if (rank_ == root) {
@@ -527,8 +526,7 @@ std::shared_ptr<Work> VerbsBackend::reduce_scatter(std::vector<Tensor>& outputs,
   size_t bytes = out.bytes();
   op->scratch.resize(bytes * static_cast<size_t>(size_));
   uint8_t* flat = op->scratch.data();
-  std::vector<Range> blocks;
-  for (int r = 0; r < size_; ++r) blocks.push_back(Range{bytes * static_cast<size_t>(r), bytes});
+  std::vector<Range> blocks = uniformBlocks(bytes, size_);
   bool avg = opts.reduceOp == ReduceOp::Avg;
   op->schedule = algorithms::ringReduceScatter(rank_, size_, blocks, avg);
   op->sendBase = op->recvBase = flat;

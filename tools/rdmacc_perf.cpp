@@ -399,12 +399,10 @@ class CollectiveBench {
     count_ = count;
     const std::string& c = args_.collective;
     size_t total = count * static_cast<size_t>(n_);
+    // buf_: the per-rank tensor (alltoall: the whole input); out_: the gathered
+    // or exchanged buffer (reduce_scatter: its input; sendrecv: the receive).
     buf_ = std::make_unique<Buffer>(args_.dtype, c == "alltoall" ? total : count);
     out_ = std::make_unique<Buffer>(args_.dtype, c == "sendrecv" ? count : total);
-    if (c == "reduce_scatter") {
-      buf_ = std::make_unique<Buffer>(args_.dtype, count);
-      out_ = std::make_unique<Buffer>(args_.dtype, total);  // the input
-    }
     parts_.clear();
     partBufs_.clear();
     if ((c == "gather" || c == "scatter") && rank_ == args_.root) {
