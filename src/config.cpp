@@ -66,6 +66,8 @@ constexpr std::array kOptions = {
     "default timeout of a collective (c10d's default is 30 minutes)", 0, 0},
   OptionSpec{"RDMACC_AGENT_STORE", Bool, "0", "",
     "the launcher hosts the TCP store at MASTER_ADDR:MASTER_PORT (rdmacc-run sets it); else rank 0 hosts it", 0, 0},
+  OptionSpec{"RDMACC_STORE_PORT", Int, "0", "",
+    "port of the launcher's store when RDMACC_AGENT_STORE=1; 0: MASTER_PORT (rdmacc-run sets it, leaving MASTER_PORT to torch.distributed)", 0, 65535},
   OptionSpec{"RDMACC_LOG_LEVEL", String, "warn", "",
     "log level: trace, debug, info, warn, error or off", 0, 0},
 };

@@ -79,6 +79,12 @@ GroupEnvironment groupFromEnvironment(const Config& config) {
   }
   int portNumber = envInt("MASTER_PORT", 1, 65535);
   bool agentHosts = config.getBool("RDMACC_AGENT_STORE");
+  // rdmacc-run hosts its store on a port of its own and leaves MASTER_PORT
+  // free for torch.distributed's store (rank 0 binds it).
+  if (int storePort = static_cast<int>(config.getInt("RDMACC_STORE_PORT"));
+      agentHosts && storePort > 0) {
+    portNumber = storePort;
+  }
   g.store = std::make_shared<TCPStore>(
       addr, static_cast<uint16_t>(portNumber),
       TCPStoreOptions{

@@ -2,8 +2,10 @@
 // hosts the TCP store for them, prefixes every output line with the rank, and
 // stops everyone as soon as one rank fails.
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,8 +36,9 @@ void usage(FILE* out) {
       out,
       "usage: rdmacc-run -n N [--timeout DURATION] [--no-prefix] -- PROGRAM [ARGS...]\n"
       "Starts N copies of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK,\n"
-      "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun does) and a TCP store\n"
-      "hosted by the launcher (RDMACC_AGENT_STORE=1). Output lines are prefixed with [rank].\n"
+      "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun does) and rdmacc's TCP\n"
+      "store hosted by the launcher (RDMACC_AGENT_STORE=1, RDMACC_STORE_PORT; MASTER_PORT stays\n"
+      "free for torch.distributed's store). Output lines are prefixed with [rank].\n"
       "If a rank fails, the others get SIGTERM (SIGKILL 5 s later) and rdmacc-run exits with\n"
       "the failing rank's status. --timeout (e.g. 300s) kills everything when it expires\n"
       "(exit 124).\n");
@@ -65,6 +68,23 @@ void emit(const std::string& prefix, std::string& buf, FILE* to, bool flushAll) 
     buf.clear();
   }
   std::fflush(to);
+}
+
+// A TCP port that is free now (the kernel's choice for port 0). Another
+// process may take it before the rank binds it, as with torchrun --standalone.
+uint16_t freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw rdmacc::errnoError(rdmacc::ErrorKind::Store, "socket", errno, "no free port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  if (rc == 0) rc = getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int saved = errno;
+  close(fd);
+  if (rc != 0) throw rdmacc::errnoError(rdmacc::ErrorKind::Store, "bind", saved, "no free port");
+  return ntohs(addr.sin_port);
 }
 
 int exitCode(int status) {
@@ -121,6 +141,15 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "rdmacc-run: cannot host the store: {}\n", e.what());
     return 1;
   }
+  // MASTER_PORT is left free for torch.distributed, whose rank 0 hosts its
+  // own store there (a different protocol); rdmacc's store has its own port.
+  uint16_t masterPort = 0;
+  try {
+    masterPort = freePort();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "rdmacc-run: {}\n", e.what());
+    return 1;
+  }
   struct sigaction sa {};
   sa.sa_handler = onSignal;
   sigaction(SIGINT, &sa, nullptr);
@@ -142,7 +171,7 @@ int main(int argc, char** argv) {
       std::string_view name = kv.substr(0, kv.find('='));
       if (name == "RANK" || name == "LOCAL_RANK" || name == "WORLD_SIZE" ||
           name == "LOCAL_WORLD_SIZE" || name == "MASTER_ADDR" || name == "MASTER_PORT" ||
-          name == "RDMACC_AGENT_STORE") {
+          name == "RDMACC_AGENT_STORE" || name == "RDMACC_STORE_PORT") {
         continue;
       }
       envStrings.emplace_back(kv);
@@ -152,8 +181,9 @@ int main(int argc, char** argv) {
     envStrings.push_back(fmt::format("WORLD_SIZE={}", n));
     envStrings.push_back(fmt::format("LOCAL_WORLD_SIZE={}", n));
     envStrings.push_back("MASTER_ADDR=127.0.0.1");
-    envStrings.push_back(fmt::format("MASTER_PORT={}", store->port()));
+    envStrings.push_back(fmt::format("MASTER_PORT={}", masterPort));
     envStrings.push_back("RDMACC_AGENT_STORE=1");
+    envStrings.push_back(fmt::format("RDMACC_STORE_PORT={}", store->port()));
     std::vector<char*> envp;
     for (auto& kv : envStrings) envp.push_back(kv.data());
     envp.push_back(nullptr);

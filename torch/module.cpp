@@ -1,0 +1,32 @@
+// The Python extension rdmacc_torch._C: the process group class and the
+// creator function that torch.distributed.Backend.register_backend calls.
+#include <pybind11/chrono.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "process_group.hpp"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  // Registers c10d's Python types (ProcessGroup, Store, Work) that ours derive from.
+  py::module_::import("torch.distributed");
+  m.doc() = "rdmacc: collective communication over RDMA verbs, as a torch.distributed backend";
+
+  py::class_<rdmacc_torch::ProcessGroupRdmacc, c10d::ProcessGroup,
+             c10::intrusive_ptr<rdmacc_torch::ProcessGroupRdmacc>>(m, "ProcessGroupRdmacc")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int worldSize,
+                       std::chrono::duration<float> timeout) {
+             return c10::make_intrusive<rdmacc_torch::ProcessGroupRdmacc>(
+                 store, rank, worldSize,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("world_size"),
+           py::arg("timeout") = std::chrono::duration<float>(1800.0f),
+           py::call_guard<py::gil_scoped_release>());
+
+  // Forming the group waits for every rank: let other Python threads run.
+  m.def("create_process_group", &rdmacc_torch::ProcessGroupRdmacc::create, py::arg("store"),
+        py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
+        py::call_guard<py::gil_scoped_release>(),
+        "The creator torch.distributed.Backend.register_backend('rdmacc', ...) calls.");
+}

@@ -1,0 +1,425 @@
+#include "process_group.hpp"
+
+#include <ATen/core/ivalue.h>
+#include <fmt/format.h>
+
+#include <exception>
+#include <utility>
+
+#include "rdmacc/error.hpp"
+
+namespace rdmacc_torch {
+namespace {
+
+using c10d::OpType;
+
+// c10d's Store as rdmacc's. c10::Errors become rdmacc::Errors, so that the
+// mesh's failure handling (which catches rdmacc::Error) sees them.
+// Threading: as the wrapped store (c10d stores are thread-safe).
+class StoreAdapter final : public rdmacc::Store {
+ public:
+  explicit StoreAdapter(c10::intrusive_ptr<c10d::Store> store)
+      : Store(store->getTimeout()), store_(std::move(store)) {}
+
+  void set(const std::string& key, const rdmacc::Bytes& value) override {
+    guarded("set", key, [&] { store_->set(key, value); });
+  }
+  rdmacc::Bytes get(const std::string& key) override {
+    return guarded("get", key, [&] {
+      store_->wait({key}, timeout());
+      return store_->get(key);
+    });
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return guarded("add", key, [&] { return store_->add(key, delta); });
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return guarded("check", keys.empty() ? "" : keys.front(), [&] { return store_->check(keys); });
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    guarded("wait for", keys.empty() ? "" : keys.front(), [&] { store_->wait(keys, timeout); });
+  }
+  bool deleteKey(const std::string& key) override {
+    return guarded("deleteKey", key, [&] { return store_->deleteKey(key); });
+  }
+  using Store::wait;
+
+ private:
+  template <class F>
+  auto guarded(const char* what, const std::string& key, F&& fn) -> decltype(fn()) {
+    try {
+      return fn();
+    } catch (const rdmacc::Error&) {
+      throw;
+    } catch (const c10::Error& e) {
+      fail(what, key, e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      fail(what, key, e.what());
+    }
+  }
+  [[noreturn]] static void fail(const char* what, const std::string& key, const std::string& why) {
+    bool timedOut = why.find("imeout") != std::string::npos;
+    throw rdmacc::Error(
+        timedOut ? rdmacc::ErrorKind::Timeout : rdmacc::ErrorKind::Store,
+        fmt::format("torch.distributed store: {} '{}' failed: {}", what, key, why),
+        timedOut ? "a rank did not arrive in time: start every rank, or raise the timeout"
+                 : "the store lives in rank 0 (MASTER_ADDR:MASTER_PORT); check that it is alive");
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+// A c10d::Work over an rdmacc::Work. The future completes with the output
+// tensors on rdmacc's progress thread (c10d runs then() callbacks there).
+class WorkRdmacc final : public c10d::Work {
+ public:
+  WorkRdmacc(std::shared_ptr<rdmacc::Work> work, int rank, OpType type,
+             std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs)
+      : c10d::Work(rank, type),
+        work_(std::move(work)),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()))) {
+    // The callback holds every tensor until the operation is over, even when
+    // the caller drops this Work: rdmacc writes into them until then.
+    work_->then([future = future_, outputs = outputs_,
+                 inputs = std::move(inputs)](rdmacc::Work& w) mutable {
+      if (w.isSuccess()) {
+        future->markCompleted(c10::IValue(outputs));
+      } else {
+        future->setError(w.exception());
+      }
+      inputs.clear();
+    });
+  }
+
+  bool isCompleted() override { return work_->isCompleted(); }
+  bool isSuccess() const override { return work_->isSuccess(); }
+  std::exception_ptr exception() const override { return work_->exception(); }
+  int sourceRank() const override { return work_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override {}  // CPU tensors: complete means visible
+  bool wait(std::chrono::milliseconds timeout) override {
+    // c10d: a zero timeout means no limit.
+    return timeout == kNoTimeout ? work_->wait() : work_->wait(timeout);
+  }
+  void abort() override { work_->abort(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  std::shared_ptr<rdmacc::Work> work_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// The view rdmacc works on; rejects what rdmacc cannot move in place.
+rdmacc::Tensor view(const at::Tensor& t, const char* op) {
+  TORCH_CHECK(t.defined(), "rdmacc ", op, ": undefined tensor");
+  TORCH_CHECK(t.layout() == at::kStrided, "rdmacc ", op, ": ", t.layout(),
+              " tensors are not supported; pass a dense tensor (tensor.to_dense())");
+  TORCH_CHECK(t.device().is_cpu(), "rdmacc ", op, ": the tensor is on ", t.device(),
+              "; rdmacc moves CPU tensors (call .cpu(), or use the nccl backend for CUDA)");
+  TORCH_CHECK(t.is_contiguous(), "rdmacc ", op,
+              ": the tensor is not contiguous; pass tensor.contiguous() (and copy the result "
+              "back) as with gloo");
+  return rdmacc::Tensor{t.data_ptr(), static_cast<size_t>(t.numel()), toDataType(t.scalar_type())};
+}
+
+std::vector<rdmacc::Tensor> views(const std::vector<at::Tensor>& tensors, const char* op) {
+  std::vector<rdmacc::Tensor> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(view(t, op));
+  return out;
+}
+
+std::vector<std::vector<rdmacc::Tensor>> views(const std::vector<std::vector<at::Tensor>>& lists,
+                                               const char* op) {
+  std::vector<std::vector<rdmacc::Tensor>> out;
+  out.reserve(lists.size());
+  for (const auto& list : lists) out.push_back(views(list, op));
+  return out;
+}
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& list : lists) out.insert(out.end(), list.begin(), list.end());
+  return out;
+}
+
+// Elements per row of dim 0 (c10d's alltoall split sizes count rows).
+int64_t rowElements(const at::Tensor& t) {
+  int64_t n = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+  return n;
+}
+
+std::vector<int64_t> splitElements(const std::vector<int64_t>& rows, const at::Tensor& t, int size,
+                                   const char* which) {
+  if (rows.empty()) {
+    const int64_t dim0 = t.dim() == 0 ? 1 : t.size(0);
+    TORCH_CHECK(dim0 % size == 0, "rdmacc alltoall_base: the ", which,
+                " tensor's first dimension (", dim0, ") does not split evenly over ", size,
+                " ranks; pass explicit split sizes");
+    return {};
+  }
+  const int64_t perRow = rowElements(t);
+  std::vector<int64_t> out;
+  out.reserve(rows.size());
+  for (int64_t r : rows) out.push_back(r * perRow);
+  return out;
+}
+
+c10::intrusive_ptr<c10d::Work> wrap(std::shared_ptr<rdmacc::Work> work, int rank, OpType type,
+                                    std::vector<at::Tensor> outputs,
+                                    std::vector<at::Tensor> inputs = {}) {
+  return c10::make_intrusive<WorkRdmacc>(std::move(work), rank, type, std::move(outputs),
+                                         std::move(inputs));
+}
+
+}  // namespace
+
+rdmacc::DataType toDataType(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+      return rdmacc::DataType::Float32;
+    case at::kDouble:
+      return rdmacc::DataType::Float64;
+    case at::kHalf:
+      return rdmacc::DataType::Float16;
+    case at::kBFloat16:
+      return rdmacc::DataType::BFloat16;
+    case at::kChar:
+      return rdmacc::DataType::Int8;
+    case at::kByte:
+      return rdmacc::DataType::UInt8;
+    case at::kInt:
+      return rdmacc::DataType::Int32;
+    case at::kLong:
+      return rdmacc::DataType::Int64;
+    case at::kBool:
+      return rdmacc::DataType::Bool;
+    default:
+      TORCH_CHECK(false, "rdmacc: tensors of dtype ", type,
+                  " are not supported; use float32, float64, float16, bfloat16, int8, uint8, "
+                  "int32, int64 or bool (convert with tensor.to(...))");
+  }
+}
+
+rdmacc::ReduceOp toReduceOp(const c10d::ReduceOp& op, double* factor) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return rdmacc::ReduceOp::Sum;
+    case c10d::ReduceOp::AVG:
+      return rdmacc::ReduceOp::Avg;
+    case c10d::ReduceOp::PRODUCT:
+      return rdmacc::ReduceOp::Product;
+    case c10d::ReduceOp::MIN:
+      return rdmacc::ReduceOp::Min;
+    case c10d::ReduceOp::MAX:
+      return rdmacc::ReduceOp::Max;
+    case c10d::ReduceOp::BAND:
+      return rdmacc::ReduceOp::BAnd;
+    case c10d::ReduceOp::BOR:
+      return rdmacc::ReduceOp::BOr;
+    case c10d::ReduceOp::BXOR:
+      return rdmacc::ReduceOp::BXor;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      const auto* supplement =
+          dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      TORCH_CHECK(supplement != nullptr,
+                  "rdmacc: PREMUL_SUM without a factor; build it with "
+                  "torch.distributed._make_nccl_premul_sum(factor)");
+      if (supplement->tensor_factors.empty()) {
+        *factor = supplement->double_factor;
+      } else {
+        const auto& f = supplement->tensor_factors.front();
+        TORCH_CHECK(f.numel() == 1, "rdmacc: a PREMUL_SUM factor tensor must hold one element");
+        *factor = f.to(at::kCPU).item<double>();
+      }
+      return rdmacc::ReduceOp::PreMulSum;
+    }
+    default:
+      TORCH_CHECK(false, "rdmacc: reduce op ", static_cast<int>(op.op_), " is not supported");
+  }
+}
+
+ProcessGroupRdmacc::ProcessGroupRdmacc(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                       int size, std::chrono::milliseconds timeout)
+    : c10d::ProcessGroup(rank, size) {
+  TORCH_CHECK(store, "rdmacc: no store given");
+  rdmacc::VerbsBackend::Options options;
+  options.timeout = timeout;
+  backend_ = std::make_shared<rdmacc::VerbsBackend>(std::make_shared<StoreAdapter>(store), rank,
+                                                    size, std::move(options));
+  init();
+}
+
+ProcessGroupRdmacc::~ProcessGroupRdmacc() = default;
+
+c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupRdmacc::create(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::duration<float> timeout) {
+  return c10::make_intrusive<ProcessGroupRdmacc>(
+      store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::broadcast(std::vector<at::Tensor>& tensors,
+                                                             const c10d::BroadcastOptions& opts) {
+  auto in = views(tensors, "broadcast");
+  rdmacc::BroadcastOptions o{
+      .rootRank = opts.rootRank, .rootTensor = opts.rootTensor, .timeout = opts.timeout};
+  return wrap(backend_->broadcast(in, o), rank_, OpType::BROADCAST, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allreduce(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts) {
+  auto in = views(tensors, "allreduce");
+  rdmacc::AllreduceOptions o{.timeout = opts.timeout};
+  o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
+  return wrap(backend_->allreduce(in, o), rank_, OpType::ALLREDUCE, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  auto in = views(tensors, "allreduce_coalesced");
+  rdmacc::AllreduceCoalescedOptions o;
+  o.timeout = opts.timeout;
+  o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
+  return wrap(backend_->allreduce_coalesced(in, o), rank_, OpType::ALLREDUCE_COALESCED, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::reduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::ReduceOptions& opts) {
+  auto in = views(tensors, "reduce");
+  rdmacc::ReduceOptions o{
+      .rootRank = opts.rootRank, .rootTensor = opts.rootTensor, .timeout = opts.timeout};
+  o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
+  return wrap(backend_->reduce(in, o), rank_, OpType::REDUCE, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allgather(
+    std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
+    const c10d::AllgatherOptions& opts) {
+  auto out = views(outputTensors, "allgather");
+  auto in = views(inputTensors, "allgather");
+  auto w = backend_->allgather(out, in, rdmacc::AllgatherOptions{.timeout = opts.timeout});
+  return wrap(std::move(w), rank_, OpType::ALLGATHER, flatten(outputTensors), inputTensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::_allgather_base(
+    at::Tensor& outputBuffer, at::Tensor& inputBuffer, const c10d::AllgatherOptions& opts) {
+  auto out = view(outputBuffer, "_allgather_base");
+  auto in = view(inputBuffer, "_allgather_base");
+  auto w = backend_->_allgather_base(out, in, rdmacc::AllgatherOptions{.timeout = opts.timeout});
+  return wrap(std::move(w), rank_, OpType::_ALLGATHER_BASE, {outputBuffer}, {inputBuffer});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputTensorLists, std::vector<at::Tensor>& inputTensors,
+    const c10d::AllgatherOptions& opts) {
+  auto out = views(outputTensorLists, "allgather_coalesced");
+  auto in = views(inputTensors, "allgather_coalesced");
+  auto w =
+      backend_->allgather_coalesced(out, in, rdmacc::AllgatherOptions{.timeout = opts.timeout});
+  return wrap(std::move(w), rank_, OpType::ALLGATHER_COALESCED, flatten(outputTensorLists),
+              inputTensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::gather(
+    std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
+    const c10d::GatherOptions& opts) {
+  auto out = views(outputTensors, "gather");
+  auto in = views(inputTensors, "gather");
+  auto w = backend_->gather(
+      out, in, rdmacc::GatherOptions{.rootRank = opts.rootRank, .timeout = opts.timeout});
+  return wrap(std::move(w), rank_, OpType::GATHER, flatten(outputTensors), inputTensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::scatter(
+    std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
+    const c10d::ScatterOptions& opts) {
+  auto out = views(outputTensors, "scatter");
+  auto in = views(inputTensors, "scatter");
+  auto w = backend_->scatter(
+      out, in, rdmacc::ScatterOptions{.rootRank = opts.rootRank, .timeout = opts.timeout});
+  return wrap(std::move(w), rank_, OpType::SCATTER, outputTensors, flatten(inputTensors));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::reduce_scatter(
+    std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
+    const c10d::ReduceScatterOptions& opts) {
+  auto out = views(outputTensors, "reduce_scatter");
+  auto in = views(inputTensors, "reduce_scatter");
+  rdmacc::ReduceScatterOptions o{.timeout = opts.timeout};
+  o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
+  return wrap(backend_->reduce_scatter(out, in, o), rank_, OpType::REDUCE_SCATTER, outputTensors,
+              flatten(inputTensors));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::_reduce_scatter_base(
+    at::Tensor& outputBuffer, at::Tensor& inputBuffer, const c10d::ReduceScatterOptions& opts) {
+  auto out = view(outputBuffer, "_reduce_scatter_base");
+  auto in = view(inputBuffer, "_reduce_scatter_base");
+  rdmacc::ReduceScatterOptions o{.timeout = opts.timeout};
+  o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
+  return wrap(backend_->_reduce_scatter_base(out, in, o), rank_, OpType::_REDUCE_SCATTER_BASE,
+              {outputBuffer}, {inputBuffer});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::alltoall_base(
+    at::Tensor& outputBuffer, at::Tensor& inputBuffer, std::vector<int64_t>& outputSplitSizes,
+    std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
+  auto out = view(outputBuffer, "alltoall_base");
+  auto in = view(inputBuffer, "alltoall_base");
+  auto outSplits = splitElements(outputSplitSizes, outputBuffer, size_, "output");
+  auto inSplits = splitElements(inputSplitSizes, inputBuffer, size_, "input");
+  auto w = backend_->alltoall_base(out, in, outSplits, inSplits,
+                                   rdmacc::AllToAllOptions{.timeout = opts.timeout});
+  return wrap(std::move(w), rank_, OpType::ALLTOALL_BASE, {outputBuffer}, {inputBuffer});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::alltoall(std::vector<at::Tensor>& outputTensors,
+                                                            std::vector<at::Tensor>& inputTensors,
+                                                            const c10d::AllToAllOptions& opts) {
+  auto out = views(outputTensors, "alltoall");
+  auto in = views(inputTensors, "alltoall");
+  auto w = backend_->alltoall(out, in, rdmacc::AllToAllOptions{.timeout = opts.timeout});
+  return wrap(std::move(w), rank_, OpType::ALLTOALL, outputTensors, inputTensors);
+}
+
+void ProcessGroupRdmacc::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  backend_->monitoredBarrier(rdmacc::BarrierOptions{.timeout = opts.timeout}, waitAllRanks);
+}
+
+void ProcessGroupRdmacc::setSequenceNumberForGroup() {
+  backend_->setSequenceNumberForGroup();
+}
+
+uint64_t ProcessGroupRdmacc::getSequenceNumberForGroup() {
+  return backend_->getSequenceNumberForGroup();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::send(std::vector<at::Tensor>& tensors,
+                                                        int dstRank, int tag) {
+  auto in = views(tensors, "send");
+  return wrap(backend_->send(in, dstRank, tag), rank_, OpType::SEND, {}, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::recv(std::vector<at::Tensor>& tensors,
+                                                        int srcRank, int tag) {
+  auto out = views(tensors, "recv");
+  return wrap(backend_->recv(out, srcRank, tag), rank_, OpType::RECV, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                                 int tag) {
+  auto out = views(tensors, "recvAnysource");
+  return wrap(backend_->recvAnysource(out, tag), rank_, OpType::RECVANYSOURCE, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::barrier(const c10d::BarrierOptions& opts) {
+  return wrap(backend_->barrier(rdmacc::BarrierOptions{.timeout = opts.timeout}), rank_,
+              OpType::BARRIER, {});
+}
+
+}  // namespace rdmacc_torch
