@@ -25,8 +25,13 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>());
 
   // Forming the group waits for every rank: let other Python threads run.
-  m.def("create_process_group", &rdmacc_torch::ProcessGroupRdmacc::create, py::arg("store"),
-        py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
-        py::call_guard<py::gil_scoped_release>(),
-        "The creator torch.distributed.Backend.register_backend('rdmacc', ...) calls.");
+  m.def(
+      "create_process_group",
+      [](const c10d::DistributedBackendOptions& options, const py::object& /*pgOptions*/) {
+        return rdmacc_torch::ProcessGroupRdmacc::create(options);
+      },
+      py::arg("backend_options"), py::arg("pg_options") = py::none(),
+      py::call_guard<py::gil_scoped_release>(),
+      "The creator that torch.distributed.Backend.register_backend('rdmacc', ..., "
+      "extended_api=True) calls.");
 }

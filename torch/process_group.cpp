@@ -244,11 +244,13 @@ rdmacc::ReduceOp toReduceOp(const c10d::ReduceOp& op, double* factor) {
 }
 
 ProcessGroupRdmacc::ProcessGroupRdmacc(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                       int size, std::chrono::milliseconds timeout)
+                                       int size, std::chrono::milliseconds timeout,
+                                       std::string groupName)
     : c10d::ProcessGroup(rank, size) {
   TORCH_CHECK(store, "rdmacc: no store given");
   rdmacc::VerbsBackend::Options options;
   options.timeout = timeout;
+  options.groupName = std::move(groupName);
   backend_ = std::make_shared<rdmacc::VerbsBackend>(std::make_shared<StoreAdapter>(store), rank,
                                                     size, std::move(options));
   init();
@@ -257,10 +259,12 @@ ProcessGroupRdmacc::ProcessGroupRdmacc(const c10::intrusive_ptr<c10d::Store>& st
 ProcessGroupRdmacc::~ProcessGroupRdmacc() = default;
 
 c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupRdmacc::create(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::duration<float> timeout) {
+    const c10d::DistributedBackendOptions& options) {
+  // torch numbers its groups: the default one is "0", new_group()s "1", "2", ...
+  std::string name = "torch-" + options.group_id;
   return c10::make_intrusive<ProcessGroupRdmacc>(
-      store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+      options.store, options.group_rank, options.group_size,
+      std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout), std::move(name));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::broadcast(std::vector<at::Tensor>& tensors,

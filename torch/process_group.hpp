@@ -23,14 +23,15 @@ class ProcessGroupRdmacc final : public c10d::ProcessGroup {
  public:
   // Forms the group through the store (rdma_cm mesh) or throws naming what
   // failed. timeout is the default for every operation (c10d's pg timeout).
+  // groupName appears in rdmacc's log and error messages.
   ProcessGroupRdmacc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout, std::string groupName = "default");
   ~ProcessGroupRdmacc() override;
 
-  // The function torch.distributed.Backend.register_backend calls.
-  static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store,
-                                                       int rank, int size,
-                                                       std::chrono::duration<float> timeout);
+  // What torch.distributed.Backend.register_backend(..., extended_api=True)
+  // calls: the group's store, rank, size, timeout and name.
+  static c10::intrusive_ptr<c10d::ProcessGroup> create(
+      const c10d::DistributedBackendOptions& options);
 
   const std::string getBackendName() const override { return "rdmacc"; }
 

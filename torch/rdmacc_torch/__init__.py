@@ -21,4 +21,4 @@ BACKEND = "rdmacc"
 # register_backend asserts on a second registration (importlib.reload, or two
 # copies of the package on sys.path): register once per interpreter.
 if BACKEND.upper() not in _dist.Backend._plugins:
-    _dist.Backend.register_backend(BACKEND, create_process_group)
+    _dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True)
