@@ -1,6 +1,7 @@
 #include "rdmacc/environment.hpp"
 
 #include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -84,6 +85,16 @@ GroupEnvironment groupFromEnvironment(const Config& config) {
   if (int storePort = static_cast<int>(config.getInt("RDMACC_STORE_PORT"));
       agentHosts && storePort > 0) {
     portNumber = storePort;
+  }
+  // torchrun's agent serves torch's own store (another wire protocol) at
+  // MASTER_PORT: rank 0 hosts rdmacc's on the next port.
+  if (const char* torchAgent = env("TORCHELASTIC_USE_AGENT_STORE");
+      !agentHosts && torchAgent != nullptr && std::string_view(torchAgent) == "True") {
+    if (portNumber == 65535) {
+      throw Error(ErrorKind::InvalidArgument, "MASTER_PORT 65535 leaves no port for rdmacc's store",
+                  "under torchrun, rank 0 hosts rdmacc's store at MASTER_PORT+1: pick a lower port");
+    }
+    ++portNumber;
   }
   g.store = std::make_shared<TCPStore>(
       addr, static_cast<uint16_t>(portNumber),
