@@ -91,8 +91,9 @@ GroupEnvironment groupFromEnvironment(const Config& config) {
   if (const char* torchAgent = env("TORCHELASTIC_USE_AGENT_STORE");
       !agentHosts && torchAgent != nullptr && std::string_view(torchAgent) == "True") {
     if (portNumber == 65535) {
-      throw Error(ErrorKind::InvalidArgument, "MASTER_PORT 65535 leaves no port for rdmacc's store",
-                  "under torchrun, rank 0 hosts rdmacc's store at MASTER_PORT+1: pick a lower port");
+      throw Error(
+          ErrorKind::InvalidArgument, "MASTER_PORT 65535 leaves no port for rdmacc's store",
+          "under torchrun, rank 0 hosts rdmacc's store at MASTER_PORT+1: pick a lower port");
     }
     ++portNumber;
   }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ struct Args {
   Algorithm algorithm = Algorithm::Auto;
   bool check = false;
   std::string json;
+  std::string csv;      // appended to (header when the file is new or empty)
+  std::string plot;     // PNG of every series in the CSV (or of this run)
+  bool replot = false;  // only draw --plot from --csv
   bool iterationsGiven = false;
 };
 
@@ -49,6 +53,7 @@ void usage(FILE* out) {
       out,
       "usage: rdmacc-perf [-c COLLECTIVE] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
       "                   [-d DTYPE] [-o OP] [-r ROOT] [-a ALGO] [--check] [--json FILE]\n"
+      "                   [--csv FILE] [--plot FILE.png]\n"
       "Start it with a launcher: rdmacc-run -n 4 -- rdmacc-perf -c allreduce -b 8 -e 16M\n"
       "  -c  allreduce (default), broadcast, reduce, allgather, reduce_scatter, alltoall, gather,\n"
       "      scatter, sendrecv, barrier; or write (RDMA WRITE between 2 ranks, like "
@@ -64,6 +69,12 @@ void usage(FILE* out) {
       "tree\n"
       "  --check  verify every element of every size (#wrong column)\n"
       "  --json FILE  write the results as JSON\n"
+      "  --csv FILE   append the results to a CSV file (header written when it is new), so that\n"
+      "               runs of several collectives or world sizes can share one file\n"
+      "  --plot FILE.png  plot busbw and time against size with gnuplot, one line per\n"
+      "               collective, world size and algorithm: every row of --csv FILE, else this "
+      "run\n"
+      "  --replot     only draw --plot FILE.png from --csv FILE (no launcher, no device)\n"
       "  write only: -m bw|lat|all (default all), -t writes in flight (default 128)\n"
       "Sizes and definitions follow nccl-tests: size is the bytes of the per-rank buffer for\n"
       "allreduce/broadcast/reduce, of the gathered buffer for allgather/gather, of the input for\n"
@@ -132,8 +143,8 @@ Args parse(int argc, char** argv) {
       usage(stdout);
       std::exit(0);
     }
-    if (k == "--check") {
-      a.check = true;
+    if (k == "--check" || k == "--replot") {
+      (k == "--check" ? a.check : a.replot) = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -167,6 +178,10 @@ Args parse(int argc, char** argv) {
       a.algorithm = v == "ring" ? Algorithm::Ring : v == "tree" ? Algorithm::Tree : Algorithm::Auto;
     else if (k == "--json")
       a.json = v;
+    else if (k == "--csv")
+      a.csv = v;
+    else if (k == "--plot")
+      a.plot = v;
     else
       throw Error(ErrorKind::InvalidArgument, fmt::format("unknown option {}", k),
                   "see rdmacc-perf --help");
@@ -177,6 +192,9 @@ Args parse(int argc, char** argv) {
   if (std::find(kKnown.begin(), kKnown.end(), a.collective) == kKnown.end()) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("-c {} is not a collective", a.collective),
                 "see rdmacc-perf --help for the list");
+  }
+  if (a.replot && (a.csv.empty() || a.plot.empty())) {
+    throw Error(ErrorKind::InvalidArgument, "--replot needs --csv FILE and --plot FILE.png");
   }
   if (a.collective == "write" && !a.iterationsGiven) a.iterations = 1000;
   if (a.collective == "write" && a.minBytes < 1) a.minBytes = 1;
@@ -539,6 +557,100 @@ std::string cell(const Row* r) {
   return fmt::format(" {:>8.1f} {:>7.3f} {:>7.3f} {:>6}", r->time, r->algbw, r->busbw, r->wrong);
 }
 
+// ---------------------------------------------------------- CSV and plot --
+
+constexpr const char* kCsvHeader =
+    "collective,ranks,dtype,op,algorithm,size_bytes,count,in_place,time_us,algbw_gbs,busbw_gbs,"
+    "wrong";
+
+void appendCsv(const std::string& path, const Args& args, int ranks, const std::vector<Row>& rows) {
+  bool fresh = true;
+  if (std::ifstream in(path); in) fresh = in.peek() == std::ifstream::traits_type::eof();
+  std::ofstream out(path, std::ios::app);
+  if (fresh) out << kCsvHeader << "\n";
+  for (const Row& r : rows) {
+    out << fmt::format("{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{}\n", args.collective, ranks,
+                       toString(args.dtype), toString(args.op), toString(args.algorithm), r.bytes,
+                       r.count, r.inPlace ? 1 : 0, r.time, r.algbw, r.busbw, r.wrong);
+  }
+  if (!out) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("cannot write {}", path),
+                "check the directory exists and is writable");
+  }
+}
+
+std::vector<std::string> splitCsv(const std::string& line) {
+  std::vector<std::string> cells;
+  size_t start = 0;
+  for (size_t comma; (comma = line.find(',', start)) != std::string::npos; start = comma + 1)
+    cells.push_back(line.substr(start, comma - start));
+  cells.push_back(line.substr(start));
+  return cells;
+}
+
+// One line per (collective, ranks, algorithm): busbw and time against size.
+// Out-of-place rows where a collective has them (nccl-tests' first columns).
+void plotCsv(const std::string& csvPath, const std::string& png) {
+  std::ifstream in(csvPath);
+  std::string line;
+  if (!std::getline(in, line) || line != kCsvHeader) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{} is not an rdmacc-perf CSV file", csvPath),
+                "write it with rdmacc-perf --csv");
+  }
+  std::vector<std::string> order;
+  std::map<std::string, std::map<std::string, std::vector<std::string>>>
+      series;  // key->place->rows
+  while (std::getline(in, line)) {
+    auto c = splitCsv(line);
+    if (c.size() != 12 || c[5] == "0") continue;
+    std::string key =
+        fmt::format("{} {} ranks{}", c[0], c[1], c[4] == "auto" ? std::string() : " " + c[4]);
+    if (!series.count(key)) order.push_back(key);
+    series[key][c[7]].push_back(fmt::format("{} {} {}", c[5], c[10], c[8]));
+  }
+  if (order.empty())
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{} has no rows", csvPath));
+  std::string dataPath = png + ".dat", scriptPath = png + ".gp";
+  {
+    std::ofstream data(dataPath);
+    for (const auto& key : order) {
+      auto& places = series[key];
+      auto& rows = places.count("0") ? places["0"] : places["1"];
+      data << "# " << key << "\n";
+      for (const auto& r : rows) data << r << "\n";
+      data << "\n\n";
+    }
+    std::ofstream gp(scriptPath);
+    gp << "set terminal pngcairo size 1400,560 font ',10'\n"
+       << "set output '" << png << "'\n"
+       << "set multiplot layout 1,2 title 'rdmacc-perf'\n"
+       << "set logscale x 2\nset format x '%.0b%B'\nset xlabel 'size (bytes)'\n"
+       << "set grid\nset key left top\nset ylabel 'busbw (GB/s)'\n";
+    auto plotAll = [&](int column) {
+      gp << "plot ";
+      for (size_t i = 0; i < order.size(); ++i) {
+        gp << (i ? ", " : "") << "'" << dataPath << "' index " << i << " using 1:" << column
+           << " with linespoints title '" << order[i] << "'";
+      }
+      gp << "\n";
+    };
+    plotAll(2);
+    gp << "set logscale y 10\nset ylabel 'time (us)'\n";
+    plotAll(3);
+    gp << "unset multiplot\n";
+  }
+  std::string command = fmt::format("gnuplot '{}' 2>&1", scriptPath);
+  int status = std::system(command.c_str());
+  std::remove(dataPath.c_str());
+  std::remove(scriptPath.c_str());
+  if (status != 0) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("gnuplot failed to draw {}", png),
+                "install gnuplot (apt-get install gnuplot-nox), or plot the --csv file yourself");
+  }
+  fmt::print("# plot: {}\n", png);
+}
+
 int runCollective(const Args& args) {
   auto backend = initFromEnvironment();
   CollectiveBench bench(args, backend);
@@ -597,6 +709,13 @@ int runCollective(const Args& args) {
     fmt::print("# Out of bounds values : {} {}\n", wrongTotal,
                args.check ? (wrongTotal == 0 ? "OK" : "FAILED") : "(not checked; add --check)");
     fmt::print("# Avg bus bandwidth    : {:.4f} GB/s\n", busCount ? busSum / busCount : 0.0);
+    if (!args.csv.empty() || !args.plot.empty()) {
+      // Without --csv the plot reads this run from a scratch file.
+      std::string csv = args.csv.empty() ? args.plot + ".csv" : args.csv;
+      appendCsv(csv, args, backend->getSize(), rows);
+      if (!args.plot.empty()) plotCsv(csv, args.plot);
+      if (args.csv.empty()) std::remove(csv.c_str());
+    }
     if (!args.json.empty()) {
       std::ofstream out(args.json);
       out << "{\"collective\": \"" << args.collective << "\", \"ranks\": " << backend->getSize()
@@ -625,6 +744,10 @@ int runCollective(const Args& args) {
 int main(int argc, char** argv) {
   try {
     Args args = parse(argc, argv);
+    if (args.replot) {
+      plotCsv(args.csv, args.plot);
+      return 0;
+    }
     if (args.collective != "write") return runCollective(args);
     Config config = Config::load();
     GroupEnvironment group = groupFromEnvironment(config);
