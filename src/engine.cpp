@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <bit>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -49,8 +51,11 @@ struct Header {
   uint32_t payload = 0;   // bytes after the header
   uint32_t unused = 0;
   uint64_t check = 0;  // collective: the op's check value; p2p: message bytes
+  // Credits riding along: bit i hands the receiver its slot i in our region
+  // back, saving a credit message (slots 0..63; higher ones go explicitly).
+  uint64_t credits = 0;
 };
-static_assert(sizeof(Header) == 32);
+static_assert(sizeof(Header) == 40);
 constexpr size_t kHeaderBytes = 64;  // payload stays 64-byte aligned
 
 struct Incoming {
@@ -66,7 +71,7 @@ struct PeerState {
   std::deque<int> freeRemote;      // the peer's slots we may write (our credits)
   std::vector<int> freeStaging;    // our staging slots for this peer
   std::deque<Incoming> inbox;      // arrived, not yet consumed
-  std::deque<int> pendingCredits;  // slots to hand back when the send queue has room
+  std::deque<int> pendingCredits;  // consumed slots not yet handed back to the peer
   int sendQueueUsed = 0;
 };
 
@@ -120,6 +125,11 @@ struct Engine::Impl {
   bool brokenShared = false;
   std::optional<Error> brokenCopy;
   net::Fd wakeFd;
+  // Dekker pair between submitters and the engine: a submission writes the
+  // eventfd only when the engine sleeps or is about to (a syscall, and under
+  // emulation a costly one, saved per operation while it spins).
+  std::atomic<bool> intakePending{false};
+  std::atomic<bool> sleeping{false};
   std::jthread thread;  // last: starts after everything above exists
 
   Impl(Mesh& m, EngineOptions o) : mesh(m), options(std::move(o)), rank(m.rank()), size(m.size()) {}
@@ -152,7 +162,9 @@ struct Engine::Impl {
     int remote = p.freeRemote.front();
     int staging = p.freeStaging.back();
     uint8_t* slot = stagingSlot(peer, staging);
-    std::memcpy(slot, &header, sizeof header);
+    Header h = header;
+    h.credits = takePiggybackCredits(p);
+    std::memcpy(slot, &h, sizeof h);
     if (header.payload > 0) std::memcpy(slot + kHeaderBytes, data, header.payload);
     verbs::WriteRequest w{
         .wrId = pack(
@@ -175,10 +187,28 @@ struct Engine::Impl {
     return true;
   }
 
-  // Hands a consumed slot back to its sender.
+  // Hands a consumed slot back to its sender: on the next message to it, or
+  // by a credit message once the engine has nothing else to do (step()) or
+  // half the peer's slots wait (so a one-way stream never stalls).
   void release(int peer, int slot) {
-    peers[static_cast<size_t>(peer)].pendingCredits.push_back(slot);
-    flushCredits(peer);
+    PeerState& p = peers[static_cast<size_t>(peer)];
+    p.pendingCredits.push_back(slot);
+    if (p.pendingCredits.size() * 2 >= static_cast<size_t>(options.slotsPerPeer)) {
+      flushCredits(peer);
+    }
+  }
+
+  static uint64_t takePiggybackCredits(PeerState& p) {
+    uint64_t mask = 0;
+    for (auto it = p.pendingCredits.begin(); it != p.pendingCredits.end();) {
+      if (*it < 64) {
+        mask |= uint64_t{1} << *it;
+        it = p.pendingCredits.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return mask;
   }
 
   bool flushCredits(int peer) {
@@ -259,12 +289,16 @@ struct Engine::Impl {
     }
     Incoming in{slot, {}, arrivals++};
     std::memcpy(&in.header, recvSlot(peer, slot), sizeof in.header);
-    if (in.header.magic != kMagic || in.header.payload > chunk) {
+    if (in.header.magic != kMagic || in.header.payload > chunk ||
+        (options.slotsPerPeer < 64 && (in.header.credits >> options.slotsPerPeer) != 0)) {
       throw Error(ErrorInfo{
           .kind = ErrorKind::Protocol,
           .message = fmt::format("rank {} wrote a malformed message header", peer),
           .peerRank = peer,
           .hint = "every rank must run the same rdmacc version with the same RDMACC_SLOT_BYTES"});
+    }
+    for (uint64_t m = in.header.credits; m != 0; m &= m - 1) {
+      p.freeRemote.push_back(std::countr_zero(m));
     }
     if (in.header.kind == MessageKind::Abort) {
       std::string text(reinterpret_cast<const char*>(recvSlot(peer, slot)) + kHeaderBytes,
@@ -663,10 +697,12 @@ struct Engine::Impl {
   // ---------------------------------------------------------------- loop --
 
   bool takeIntake() {
+    if (!intakePending.load(std::memory_order_acquire)) return false;
     std::vector<std::unique_ptr<Operation>> ops;
     std::optional<std::string> abortReason;
     {
       std::lock_guard lock(intakeMutex);
+      intakePending.store(false, std::memory_order_relaxed);
       ops.swap(intake);
       abortReason.swap(abortRequest);
     }
@@ -691,9 +727,6 @@ struct Engine::Impl {
       lastConnectionCheck = Clock::now();
       progress |= pollConnectionEvents();
     }
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer != rank) progress |= flushCredits(peer);
-    }
     while (!broken && !collectives.empty()) {
       Active& a = *collectives.front();
       bool before = a.started;
@@ -708,10 +741,23 @@ struct Engine::Impl {
     }
     if (!broken) progress |= advancePointToPoint();
     if (!broken) checkDeadlines();
+    // Credits that found no message to ride on go now, before the engine
+    // spins or sleeps: a peer may be waiting for them.
+    if (!progress) {
+      for (int peer = 0; peer < size; ++peer) {
+        if (peer != rank) progress |= flushCredits(peer);
+      }
+    }
     return progress;
   }
 
   void sleep() {
+    sleeping.store(true);  // seq_cst: pairs with submit()'s store and load
+    struct Awake {
+      std::atomic<bool>& flag;
+      ~Awake() { flag.store(false); }
+    } awake{sleeping};
+    if (intakePending.load()) return;
     mesh.cq().arm();
     if (pollCompletions()) return;
     std::array<pollfd, 3> fds{
@@ -869,14 +915,16 @@ void Engine::submit(std::unique_ptr<Operation> op) {
       return;
     }
     impl_->intake.push_back(std::move(op));
+    impl_->intakePending.store(true);
   }
-  impl_->wake();
+  if (impl_->sleeping.load()) impl_->wake();
 }
 
 void Engine::abort(const std::string& reason) {
   {
     std::lock_guard lock(impl_->intakeMutex);
     impl_->abortRequest = reason;
+    impl_->intakePending.store(true);
   }
   impl_->wake();
 }

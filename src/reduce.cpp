@@ -141,53 +141,39 @@ void mapNumeric(void* data, size_t n, DataType dtype, F f) {
 
 }  // namespace
 
+// Branch-free IEEE half conversions (the float-arithmetic formulation of
+// Maratyszcza's FP16 library): straight-line code that the auto-vectoriser
+// turns into SSE2 in the reduction loops. Exactness against the bit-by-bit
+// definition is checked for every half and for rounding of floats by
+// tests/host/reduce_test.cpp.
 float halfToFloat(uint16_t h) noexcept {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ff;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while ((mant & 0x400) == 0);
-      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ff) << 13;
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | mant << 13;
-  } else {
-    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
-  }
-  return std::bit_cast<float>(bits);
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t twoW = w + w;
+  // Normal numbers, infinities and NaNs: rebias the exponent by a multiply.
+  const float normalized = std::bit_cast<float>((twoW >> 4) + (0xe0u << 23)) * 0x1.0p-112f;
+  // Subnormals: the mantissa as a float in [0.5, 1), minus 0.5.
+  const float denormalized = std::bit_cast<float>((twoW >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t bits = twoW < (1u << 27) ? std::bit_cast<uint32_t>(denormalized)
+                                          : std::bit_cast<uint32_t>(normalized);
+  return std::bit_cast<float>(sign | bits);
 }
 
 uint16_t floatToHalf(float f) noexcept {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  uint32_t sign = (x >> 16) & 0x8000;
-  uint32_t absx = x & 0x7fffffffu;
-  if (absx >= 0x7f800000u) {  // inf or NaN
-    return static_cast<uint16_t>(sign | 0x7c00 |
-                                 (absx > 0x7f800000u ? 0x200 | ((absx >> 13) & 0x3ff) : 0));
-  }
-  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);  // rounds to inf
-  if (absx < 0x38800000u) {  // subnormal or zero in half
-    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
-    uint32_t mant = (absx & 0x7fffff) | 0x800000;
-    int shift = 126 - static_cast<int>(absx >> 23);  // 14..24
-    uint32_t half = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1);
-    uint32_t mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = ((absx >> 13) - ((127 - 15) << 10));
-  uint32_t rem = absx & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) ++half;
-  return static_cast<uint16_t>(sign | half);
+  // Scaling up then down rounds to half's precision (to nearest even) in the
+  // FPU and turns too-large values into infinity.
+  float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
+  const uint32_t w = std::bit_cast<uint32_t>(f);
+  const uint32_t shl1W = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1W & 0xff000000u;
+  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  base = std::bit_cast<float>((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = std::bit_cast<uint32_t>(base);
+  const uint32_t expBits = (bits >> 13) & 0x00007c00u;
+  const uint32_t mantissaBits = bits & 0x00000fffu;
+  const uint32_t nonsign = expBits + mantissaBits;
+  return static_cast<uint16_t>((sign >> 16) | (shl1W > 0xff000000u ? 0x7e00u : nonsign));
 }
 
 float bfloat16ToFloat(uint16_t b) noexcept {
@@ -195,10 +181,10 @@ float bfloat16ToFloat(uint16_t b) noexcept {
 }
 
 uint16_t floatToBfloat16(float f) noexcept {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet NaN
-  uint32_t rounding = 0x7fff + ((x >> 16) & 1);
-  return static_cast<uint16_t>((x + rounding) >> 16);
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;  // to nearest even
+  const uint32_t quietNan = (x >> 16) | 0x40u;
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quietNan : rounded);
 }
 
 void reduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op) {

@@ -160,6 +160,12 @@ int postWrite(ibv_qp* qp, const WriteRequest& r) {
 }
 
 int postEmptyRecvs(ibv_qp* qp, uint64_t wrId, uint32_t count) {
+  if (count == 1) {  // the data path's case (one repost per arrival): no allocation
+    ibv_recv_wr wr{};
+    wr.wr_id = wrId;
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_recv(qp, &wr, &bad);
+  }
   std::vector<ibv_recv_wr> wrs(count);
   for (uint32_t i = 0; i < count; ++i) {
     wrs[i].wr_id = wrId;

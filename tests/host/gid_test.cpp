@@ -136,7 +136,9 @@ TEST(NoDevice, ErrorSaysHowToGetOne) {
     std::string w = e.what();
     EXPECT_EQ(e.kind(), ErrorKind::NoDevice);
     EXPECT_NE(w.find("no RDMA device found"), std::string::npos) << w;
-    EXPECT_NE(w.find("modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0"), std::string::npos) << w;
+    EXPECT_NE(w.find("modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0"),
+              std::string::npos)
+        << w;
     EXPECT_NE(w.find("tools/with-rdma-device"), std::string::npos) << w;
   }
 }

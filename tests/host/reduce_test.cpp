@@ -1,6 +1,7 @@
 // Reduction kernels: every dtype and op against independently computed values.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -90,6 +91,56 @@ TEST(Reduce, HalfConversionsRoundTripEveryValue) {
   EXPECT_EQ(bfloat16ToFloat(floatToBfloat16(1.00390625f)), 1.0f);        // ties to even
   EXPECT_EQ(bfloat16ToFloat(floatToBfloat16(1.01171875f)), 1.015625f);
   EXPECT_TRUE(std::isnan(bfloat16ToFloat(floatToBfloat16(std::nanf("")))));
+}
+
+// The bit-by-bit definition of float -> half (round to nearest even), to check
+// the branch-free conversion the kernels use.
+uint16_t referenceFloatToHalf(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  uint32_t sign = (x >> 16) & 0x8000;
+  uint32_t absx = x & 0x7fffffffu;
+  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00);  // NaN
+  if (absx == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00);
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);  // rounds to inf
+  if (absx < 0x38800000u) {                                              // subnormal or zero
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
+    uint32_t mant = (absx & 0x7fffff) | 0x800000;
+    int shift = 126 - static_cast<int>(absx >> 23);
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = ((absx >> 13) - ((127 - 15) << 10));
+  uint32_t rem = absx & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+TEST(Reduce, FloatToHalfRoundsLikeTheDefinition) {
+  // Every float whose low 7 bits are 0 or 0x7f (2^26 values: every exponent,
+  // ties, near-ties, subnormal boundaries), plus the bits around each
+  // rounding boundary of every half.
+  uint64_t checked = 0;
+  auto expect = [&](uint32_t bits) {
+    float f = std::bit_cast<float>(bits);
+    ++checked;
+    ASSERT_EQ(floatToHalf(f), referenceFloatToHalf(f)) << std::hex << bits;
+  };
+  for (uint64_t hi = 0; hi < (1u << 25); ++hi) {
+    expect(static_cast<uint32_t>(hi << 7));
+    expect(static_cast<uint32_t>(hi << 7 | 0x7f));
+  }
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    uint32_t f = std::bit_cast<uint32_t>(halfToFloat(static_cast<uint16_t>(h)));
+    for (uint32_t d = 0; d < 3; ++d) {
+      expect(f + 0xfff + d);
+      expect(f + 0x1000 + d);
+      expect(f - d);
+    }
+  }
+  EXPECT_GT(checked, 60'000'000u);
 }
 
 TEST(Reduce, AvgDividesAndIntegersTruncate) {
