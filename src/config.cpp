@@ -52,6 +52,8 @@ constexpr std::array kOptions = {
     "size of one staging slot (64-byte header + payload); larger transfers are pipelined in chunks of this size", 128, 1 << 30},
   OptionSpec{"RDMACC_TREE_MAX_BYTES", Int, "65536", "bytes",
     "auto algorithm choice: allreduce and broadcast up to this size use trees, larger ones ring/chain", 0, int64_t{1} << 40},
+  OptionSpec{"RDMACC_TUNE_FILE", String, "", "",
+    "tuning table written by rdmacc-tune: the algorithm per collective, world size and size (below RDMACC_ALGO_*)", 0, 0},
   OptionSpec{"RDMACC_ALGO_ALLREDUCE", String, "auto", "",
     "allreduce algorithm: auto, ring (reduce-scatter + allgather) or tree (binomial reduce + broadcast)", 0, 0},
   OptionSpec{"RDMACC_ALGO_BROADCAST", String, "auto", "",
@@ -184,6 +186,36 @@ int64_t parseInt(std::string_view text, std::string_view what) {
                 fmt::format("set {} to a decimal integer", what));
   }
   return value;
+}
+
+size_t parseSize(std::string_view text, std::string_view what) {
+  size_t mult = 1;
+  std::string_view digits = text;
+  if (!text.empty()) {
+    switch (text.back()) {
+      case 'K':
+      case 'k':
+        mult = size_t{1} << 10;
+        break;
+      case 'M':
+      case 'm':
+        mult = size_t{1} << 20;
+        break;
+      case 'G':
+      case 'g':
+        mult = size_t{1} << 30;
+        break;
+      default:
+        break;
+    }
+    if (mult != 1) digits.remove_suffix(1);
+  }
+  int64_t v = parseInt(digits, what);
+  if (v < 0) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{} {} is negative", what, text),
+                "give a size in bytes, e.g. 8, 64K, 16M");
+  }
+  return static_cast<size_t>(v) * mult;
 }
 
 std::chrono::milliseconds parseDuration(std::string_view text, std::string_view what) {

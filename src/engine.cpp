@@ -14,6 +14,7 @@
 #include <list>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -130,7 +131,14 @@ struct Engine::Impl {
   // emulation a costly one, saved per operation while it spins).
   std::atomic<bool> intakePending{false};
   std::atomic<bool> sleeping{false};
-  std::jthread thread;  // last: starts after everything above exists
+  // Progress is made by whoever holds progressMutex: the engine thread, or a
+  // caller blocked in Work::wait() (a "driver"), which saves the two thread
+  // hand-offs per operation that dominate small-message latency. While a
+  // driver is active the engine thread parks.
+  std::mutex progressMutex;
+  std::atomic<int> drivers{0};
+  bool stopped = false;  // under progressMutex: no more progress after ~Engine
+  std::jthread thread;   // last: starts after everything above exists
 
   Impl(Mesh& m, EngineOptions o) : mesh(m), options(std::move(o)), rank(m.rank()), size(m.size()) {}
 
@@ -723,7 +731,9 @@ struct Engine::Impl {
   bool step() {
     bool progress = takeIntake();
     progress |= pollCompletions();
-    if (Clock::now() - lastConnectionCheck > std::chrono::milliseconds(1)) {
+    // Two syscalls (rdma_get_cm_event on a non-blocking channel): every 10 ms
+    // is plenty next to the departure grace.
+    if (Clock::now() - lastConnectionCheck > std::chrono::milliseconds(10)) {
       lastConnectionCheck = Clock::now();
       progress |= pollConnectionEvents();
     }
@@ -758,13 +768,17 @@ struct Engine::Impl {
       ~Awake() { flag.store(false); }
     } awake{sleeping};
     if (intakePending.load()) return;
-    mesh.cq().arm();
-    if (pollCompletions()) return;
+    bool idle = false;
+    {
+      std::lock_guard lock(progressMutex);
+      mesh.cq().arm();
+      if (pollCompletions()) return;
+      // With work pending, deadlines are checked at least every 20 ms; an idle
+      // engine sleeps until a submission, a completion or an rdma_cm event.
+      idle = collectives.empty() && pointToPoint.empty() && departures.empty();
+    }
     std::array<pollfd, 3> fds{
         {{mesh.cq().fd(), POLLIN, 0}, {wakeFd.get(), POLLIN, 0}, {mesh.eventFd(), POLLIN, 0}}};
-    // With work pending, deadlines are checked at least every 20 ms; an idle
-    // engine sleeps until a submission, a completion or an rdma_cm event.
-    bool idle = collectives.empty() && pointToPoint.empty() && departures.empty();
     int timeoutMs = idle ? -1 : 20;
     ::poll(fds.data(), fds[2].fd >= 0 ? 3 : 2, timeoutMs);
     if (fds[1].revents & POLLIN) {
@@ -772,21 +786,60 @@ struct Engine::Impl {
       ssize_t ignored = ::read(wakeFd.get(), &v, sizeof v);
       (void)ignored;
     }
+    std::lock_guard lock(progressMutex);
     mesh.cq().drainEvents();
+  }
+
+  // step() with failures turned into a broken group. Under progressMutex.
+  bool guardedStep() {
+    try {
+      return step();
+    } catch (const Error& e) {
+      breakGroup(e);
+    } catch (const std::exception& e) {
+      breakGroup(Error(ErrorKind::Internal, e.what()));
+    }
+    return true;
+  }
+
+  // A caller waiting for `work` makes progress itself until it completes or
+  // nothing moved for the spin time; then Work::wait() blocks as usual.
+  void drive(const Work& work) {
+    drivers.fetch_add(1);
+    auto lastProgress = Clock::now();
+    bool completed = false;
+    while (!(completed = work.isCompleted())) {
+      bool progress = false;
+      {
+        std::unique_lock lock(progressMutex, std::try_to_lock);
+        if (lock.owns_lock()) {
+          if (stopped) break;
+          progress = guardedStep();
+        }
+      }
+      auto now = Clock::now();
+      if (progress) {
+        lastProgress = now;
+      } else if (now - lastProgress > options.spin) {
+        break;
+      }
+    }
+    drivers.fetch_sub(1);
+    if (!completed) wake();  // the engine thread takes over at once
   }
 
   void run(const std::stop_token& stop) {
     auto lastProgress = Clock::now();
     while (!stop.stop_requested()) {
+      if (drivers.load() > 0) {
+        park();
+        lastProgress = Clock::now();
+        continue;
+      }
       bool progress = false;
-      try {
-        progress = step();
-      } catch (const Error& e) {
-        breakGroup(e);
-        progress = true;
-      } catch (const std::exception& e) {
-        breakGroup(Error(ErrorKind::Internal, e.what()));
-        progress = true;
+      {
+        std::lock_guard lock(progressMutex);
+        progress = guardedStep();
       }
       auto now = Clock::now();
       if (progress) {
@@ -800,7 +853,18 @@ struct Engine::Impl {
         log(LogLevel::Error, "progress engine: {}", e.what());
       }
     }
+    std::lock_guard lock(progressMutex);
     drain();
+  }
+
+  // While a caller drives progress: wait for a wake-up, at most 1 ms.
+  void park() {
+    pollfd fd{wakeFd.get(), POLLIN, 0};
+    if (::poll(&fd, 1, 1) > 0) {
+      uint64_t v = 0;
+      ssize_t ignored = ::read(wakeFd.get(), &v, sizeof v);
+      (void)ignored;
+    }
   }
 
   // Before the queue pairs go away, let the writes already posted land: a
@@ -892,10 +956,20 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
   s.wakeFd = net::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!s.wakeFd)
     throw errnoError(ErrorKind::Internal, "eventfd", errno, "starting the progress engine");
+  gate_ = std::make_shared<DriverGate>();
+  gate_->impl = impl_.get();
   s.thread = std::jthread([impl = impl_.get()](std::stop_token st) { impl->run(st); });
 }
 
 Engine::~Engine() {
+  {
+    std::lock_guard lock(impl_->progressMutex);
+    impl_->stopped = true;  // drivers leave
+  }
+  {
+    std::unique_lock lock(gate_->mutex);  // waits for the drivers inside
+    gate_->impl = nullptr;
+  }
   impl_->thread.request_stop();
   impl_->wake();
   if (impl_->thread.joinable()) impl_->thread.join();
@@ -927,6 +1001,13 @@ void Engine::abort(const std::string& reason) {
     impl_->intakePending.store(true);
   }
   impl_->wake();
+}
+
+std::function<void(const Work&)> Engine::driver() {
+  return [gate = gate_](const Work& work) {
+    std::shared_lock lock(gate->mutex);
+    if (gate->impl != nullptr) gate->impl->drive(work);
+  };
 }
 
 size_t Engine::chunkBytes() const noexcept {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -75,10 +76,18 @@ class Engine {
   void abort(const std::string& reason);
   // Payload bytes per message (slot size minus the header).
   size_t chunkBytes() const noexcept;
+  // For Work::setProgressDriver: lets a waiting caller make progress itself.
+  // Safe to call after the engine is gone (it then does nothing).
+  std::function<void(const Work&)> driver();
 
  private:
   struct Impl;
+  struct DriverGate {
+    std::shared_mutex mutex;  // shared: a driver is inside; unique: the engine goes away
+    Impl* impl = nullptr;
+  };
   std::unique_ptr<Impl> impl_;
+  std::shared_ptr<DriverGate> gate_;
 };
 
 }  // namespace rdmacc

@@ -10,6 +10,7 @@
 #include "rdmacc/environment.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "rdmacc/tuning.hpp"
 #include "src/algorithms/algorithms.hpp"
 #include "src/engine.hpp"
 #include "src/mesh.hpp"
@@ -85,6 +86,7 @@ struct VerbsBackend::Impl {
   Config config;
   std::chrono::milliseconds defaultTimeout;
   size_t treeMaxBytes;
+  TuningTable tuning;
   std::string group;
   std::unique_ptr<Mesh> mesh;
   std::unique_ptr<Engine> engine;  // after the mesh: stopped first
@@ -97,11 +99,15 @@ struct VerbsBackend::Impl {
     return t.count() < 0 ? defaultTimeout : t;
   }
 
-  Algorithm choose(Algorithm requested, const char* envName, size_t bytes) const {
+  // The call's choice, else RDMACC_ALGO_<OP>, else the tuning table
+  // (RDMACC_TUNE_FILE), else trees up to RDMACC_TREE_MAX_BYTES.
+  Algorithm choose(Algorithm requested, const char* collective, const char* envName,
+                   size_t bytes) const {
     if (requested != Algorithm::Auto) return requested;
     const std::string& env = config.getString(envName);
     if (env == "ring") return Algorithm::Ring;
     if (env == "tree") return Algorithm::Tree;
+    if (auto tuned = tuning.lookup(collective, size, bytes)) return *tuned;
     return bytes <= treeMaxBytes ? Algorithm::Tree : Algorithm::Ring;
   }
 
@@ -121,6 +127,7 @@ struct VerbsBackend::Impl {
     Engine* e = engine.get();
     std::string what = op->description;
     work->setAbortHandler([e, what] { e->abort(fmt::format("{} was aborted by the user", what)); });
+    work->setProgressDriver(e->driver());
     engine->submit(std::move(op));
     return work;
   }
@@ -137,7 +144,7 @@ struct VerbsBackend::Impl {
                       double factor, Algorithm algorithm) {
     size_t es = elementSize(dtype);
     size_t bytes = count * es;
-    Algorithm algo = choose(algorithm, "RDMACC_ALGO_ALLREDUCE", bytes);
+    Algorithm algo = choose(algorithm, "allreduce", "RDMACC_ALGO_ALLREDUCE", bytes);
     if (algo != Algorithm::Ring && algo != Algorithm::Tree) {
       invalid(fmt::format("allreduce has no {} algorithm", toString(algo)), "use ring or tree");
     }
@@ -219,6 +226,9 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   s.defaultTimeout =
       options.timeout.count() >= 0 ? options.timeout : s.config.getDuration("RDMACC_TIMEOUT");
   s.treeMaxBytes = static_cast<size_t>(s.config.getInt("RDMACC_TREE_MAX_BYTES"));
+  if (const std::string& file = s.config.getString("RDMACC_TUNE_FILE"); !file.empty()) {
+    s.tuning = TuningTable::load(file);
+  }
   if (!s.store) invalid("VerbsBackend needs a store", "pass a TCPStore, FileStore or HashStore");
   s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config,
                                   MeshOptions{.group = options.groupName});
@@ -242,7 +252,7 @@ std::shared_ptr<Work> VerbsBackend::broadcast(std::vector<Tensor>& tensors,
   Tensor& t = single(tensors, "broadcast");
   int root = checkRoot(opts.rootRank, size_, "broadcast");
   if (opts.rootTensor != 0) invalid("broadcast: rootTensor must be 0 (one tensor per rank)");
-  Algorithm algo = s.choose(opts.algorithm, "RDMACC_ALGO_BROADCAST", t.bytes());
+  Algorithm algo = s.choose(opts.algorithm, "broadcast", "RDMACC_ALGO_BROADCAST", t.bytes());
   if (algo != Algorithm::Ring && algo != Algorithm::Tree)
     invalid("broadcast has ring and tree algorithms only");
   auto op = s.collective(OpType::Broadcast, opts.timeout);

@@ -31,6 +31,12 @@ int Work::sourceRank() const {
 }
 
 bool Work::wait(std::chrono::milliseconds timeout) {
+  std::function<void(const Work&)> driver;
+  {
+    std::lock_guard lock(mutex_);
+    if (!completed_) driver = driver_;
+  }
+  if (driver) driver(*this);
   std::unique_lock lock(mutex_);
   if (timeout == std::chrono::milliseconds::max()) {
     done_.wait(lock, [&] { return settled_; });
@@ -81,6 +87,7 @@ void Work::finish(std::exception_ptr error, int sourceRank) {
     if (sourceRank >= 0) sourceRank_ = sourceRank;
     callbacks.swap(callbacks_);
     abortHandler_ = nullptr;
+    driver_ = nullptr;
   }
   runCallbacks(callbacks);
   {
@@ -101,6 +108,11 @@ void Work::runCallbacks(std::vector<std::function<void(Work&)>>& callbacks) {
       log(LogLevel::Error, "a completion callback of {} #{} threw", toString(type_), sequence_);
     }
   }
+}
+
+void Work::setProgressDriver(std::function<void(const Work&)> driver) {
+  std::lock_guard lock(mutex_);
+  if (!completed_) driver_ = std::move(driver);
 }
 
 void Work::setAbortHandler(std::function<void()> handler) {

@@ -85,33 +85,6 @@ void usage(FILE* out) {
       "ranks.\n");
 }
 
-size_t parseSize(const std::string& text, const char* flag) {
-  size_t mult = 1;
-  std::string digits = text;
-  if (!text.empty()) {
-    switch (text.back()) {
-      case 'K':
-      case 'k':
-        mult = 1ull << 10;
-        break;
-      case 'M':
-      case 'm':
-        mult = 1ull << 20;
-        break;
-      case 'G':
-      case 'g':
-        mult = 1ull << 30;
-        break;
-      default:
-        break;
-    }
-    if (mult != 1) digits.pop_back();
-  }
-  int64_t v = parseInt(digits, flag);
-  if (v < 0) throw Error(ErrorKind::InvalidArgument, fmt::format("{} {} is negative", flag, text));
-  return static_cast<size_t>(v) * mult;
-}
-
 DataType parseType(const std::string& s) {
   if (s == "float" || s == "float32") return DataType::Float32;
   if (s == "double" || s == "float64") return DataType::Float64;

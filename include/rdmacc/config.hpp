@@ -65,6 +65,8 @@ class Config {
 // Parsers shared by the table and the tools; throw Error naming `what`.
 bool parseBool(std::string_view text, std::string_view what);
 int64_t parseInt(std::string_view text, std::string_view what);
+// Bytes, with an optional K, M or G suffix (binary: 1K = 1024).
+size_t parseSize(std::string_view text, std::string_view what);
 // "250ms", "30s", "5m", "1h"; a bare number means milliseconds.
 std::chrono::milliseconds parseDuration(std::string_view text, std::string_view what);
 
