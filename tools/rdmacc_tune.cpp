@@ -5,6 +5,9 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -89,8 +92,7 @@ int run(const Args& args) {
     size_t lastSize = 0;
     for (size_t bytes = args.minBytes; bytes <= args.maxBytes; bytes *= 4) {
       std::vector<Tensor> t{Tensor{buffer.data(), bytes / sizeof(float), DataType::Float32}};
-      double best = 0;
-      Algorithm winner = Algorithm::Ring;
+      std::map<Algorithm, double> times;
       for (Algorithm algorithm : {Algorithm::Tree, Algorithm::Ring}) {
         double us = timeIt(*backend, args.iterations, [&]() {
           if (std::string(collective) == "allreduce")
@@ -101,7 +103,14 @@ int run(const Args& args) {
           fmt::print(stderr, "rdmacc-tune: {} {} B {}: {:.1f} us\n", collective, bytes,
                      toString(algorithm), us);
         }
-        if (best == 0 || us < best) best = us, winner = algorithm;
+        times[algorithm] = us;
+      }
+      // Measurements on shared machines are noisy: switch algorithms only for
+      // a clear (10%) win, so that noise does not fragment the table.
+      Algorithm winner =
+          times[Algorithm::Tree] <= times[Algorithm::Ring] ? Algorithm::Tree : Algorithm::Ring;
+      if (last != Algorithm::Auto && winner != last && times[winner] > 0.9 * times[last]) {
+        winner = last;
       }
       if (last != Algorithm::Auto && winner != last) {
         table.add({.collective = collective, .ranks = n, .upTo = lastSize, .algorithm = last});
