@@ -595,7 +595,7 @@ void plotCsv(const std::string& csvPath, const std::string& png) {
       data << "\n\n";
     }
     std::ofstream gp(scriptPath);
-    gp << "set terminal pngcairo size 1400,560 font ',10'\n"
+    gp << "set terminal pngcairo size 1400,560 font ',10' noenhanced\n"
        << "set output '" << png << "'\n"
        << "set multiplot layout 1,2 title 'rdmacc-perf'\n"
        << "set logscale x 2\nset format x '%.0b%B'\nset xlabel 'size (bytes)'\n"
