@@ -17,8 +17,9 @@
 namespace rdmacc_torch {
 
 // Threading: as c10d's ProcessGroup; calls may come from any thread, the
-// caller orders collectives. Work completes on rdmacc's progress thread, which
-// runs the future's callbacks with no rdmacc lock held.
+// caller orders collectives. Work completes on rdmacc's progress thread or on
+// a thread blocked in wait(), which runs the future's callbacks holding only
+// the progress lock (they may issue collectives, not wait for them).
 class ProcessGroupRdmacc final : public c10d::ProcessGroup {
  public:
   // Forms the group through the store (rdma_cm mesh) or throws naming what

@@ -36,8 +36,11 @@ enum class OpType {
 const char* toString(OpType type) noexcept;
 
 // Threading: any thread may query, wait or abort; the backend's progress
-// thread completes it. Callbacks run on the completing thread, with no rdmacc
-// lock held, in registration order; one registered after completion runs at once.
+// thread, or a caller blocked in wait() that drives progress, completes it.
+// Callbacks run on the completing thread in registration order (one
+// registered after completion runs at once), holding only the engine's
+// progress lock: a callback may submit new operations (submission takes other
+// locks) but must not wait() for rdmacc work, which needs that progress.
 class Work : public std::enable_shared_from_this<Work> {
  public:
   Work(OpType type, uint64_t sequence);
