@@ -51,11 +51,11 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_SLOT_BYTES", Int, "65536", "bytes",
     "size of one staging slot (64-byte header + payload); larger transfers are pipelined in chunks of this size", 128, 1 << 30},
   OptionSpec{"RDMACC_TREE_MAX_BYTES", Int, "65536", "bytes",
-    "auto algorithm choice: allreduce and broadcast up to this size use trees, larger ones ring/chain", 0, int64_t{1} << 40},
+    "auto algorithm choice: allreduce and broadcast up to this size use trees (allreduce in power-of-two groups: recursive doubling), larger ones ring/chain", 0, int64_t{1} << 40},
   OptionSpec{"RDMACC_TUNE_FILE", String, "", "",
     "tuning table written by rdmacc-tune: the algorithm per collective, world size and size (below RDMACC_ALGO_*)", 0, 0},
   OptionSpec{"RDMACC_ALGO_ALLREDUCE", String, "auto", "",
-    "allreduce algorithm: auto, ring (reduce-scatter + allgather) or tree (binomial reduce + broadcast)", 0, 0},
+    "allreduce algorithm: auto, ring (reduce-scatter + allgather), tree (binomial reduce + broadcast) or recursive_doubling (power-of-two groups)", 0, 0},
   OptionSpec{"RDMACC_ALGO_BROADCAST", String, "auto", "",
     "broadcast algorithm: auto, ring (pipelined chain) or tree (pipelined binomial tree)", 0, 0},
   OptionSpec{"RDMACC_SPIN_US", Int, "50", "us",
@@ -107,11 +107,15 @@ void validate(const OptionSpec& spec, const std::string& text) {
       break;
     case String:
       if (spec.name == "RDMACC_LOG_LEVEL") parseLogLevel(text);
-      if (spec.name.starts_with("RDMACC_ALGO_") && text != "auto" && text != "ring" &&
-          text != "tree") {
-        throw Error(ErrorKind::InvalidArgument,
-                    fmt::format("{}='{}' is not an algorithm", spec.name, text),
-                    fmt::format("set {} to auto, ring or tree", spec.name));
+      if (spec.name.starts_with("RDMACC_ALGO_")) {
+        bool allreduce = spec.name == "RDMACC_ALGO_ALLREDUCE";
+        if (text != "auto" && text != "ring" && text != "tree" &&
+            !(allreduce && text == "recursive_doubling")) {
+          throw Error(ErrorKind::InvalidArgument,
+                      fmt::format("{}='{}' is not an algorithm", spec.name, text),
+                      fmt::format("set {} to auto, ring or tree{}", spec.name,
+                                  allreduce ? " (or recursive_doubling)" : ""));
+        }
       }
       break;
     case Int: {

@@ -483,6 +483,10 @@ struct Engine::Impl {
         const RecvSpec& recv = s.recvs[j];
         size_t bytes = recv.range.bytes;
         while (a.receivedMessages[j] < messages(bytes)) {
+          if (recv.afterSend >= 0 &&
+              a.sentMessages[static_cast<size_t>(recv.afterSend)] <= a.receivedMessages[j]) {
+            break;  // that chunk is still to be sent from the bytes we would overwrite
+          }
           auto found = firstCollective(recv.peer);
           if (!found) break;
           InboxIt in = *found;

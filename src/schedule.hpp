@@ -30,6 +30,10 @@ struct RecvSpec {
   int peer = 0;
   Range range;  // in the operation's receive buffer
   Combine combine = Combine::Copy;
+  // Index into Step::sends of a send that reads the bytes this receive
+  // overwrites (recursive doubling exchanges one range both ways): each chunk
+  // is combined only after that send has taken the same chunk. -1: none.
+  int afterSend = -1;
 };
 
 struct Step {

@@ -60,8 +60,11 @@ TuningTable TuningTable::parse(std::string_view text, const std::string& origin)
       rule.algorithm = Algorithm::Ring;
     } else if (algorithm == "tree") {
       rule.algorithm = Algorithm::Tree;
+    } else if (algorithm == "recursive_doubling" && collective == "allreduce") {
+      rule.algorithm = Algorithm::RecursiveDoubling;
     } else {
-      throw bad(fmt::format("unknown algorithm '{}' (ring or tree)", algorithm));
+      throw bad(fmt::format("unknown algorithm '{}' for {} (ring, tree{})", algorithm, collective,
+                            collective == "allreduce" ? ", recursive_doubling" : ""));
     }
     table.rules_.push_back(std::move(rule));
   }
@@ -104,7 +107,7 @@ std::string TuningTable::format(const std::string& comment) const {
   for (const Rule& r : rules_) {
     out += fmt::format("{} {} {} {}\n", r.collective, r.ranks,
                        r.upTo == kMax ? std::string("max") : std::to_string(r.upTo),
-                       r.algorithm == Algorithm::Ring ? "ring" : "tree");
+                       toString(r.algorithm));
   }
   return out;
 }

@@ -115,6 +115,8 @@ const char* toString(Algorithm algorithm) noexcept {
       return "pairwise";
     case Algorithm::Dissemination:
       return "dissemination";
+    case Algorithm::RecursiveDoubling:
+      return "recursive_doubling";
   }
   return "?";
 }

@@ -107,8 +107,16 @@ struct VerbsBackend::Impl {
     const std::string& env = config.getString(envName);
     if (env == "ring") return Algorithm::Ring;
     if (env == "tree") return Algorithm::Tree;
+    if (env == "recursive_doubling" && std::string_view(collective) == "allreduce") {
+      return Algorithm::RecursiveDoubling;
+    }
     if (auto tuned = tuning.lookup(collective, size, bytes)) return *tuned;
-    return bytes <= treeMaxBytes ? Algorithm::Tree : Algorithm::Ring;
+    if (bytes > treeMaxBytes) return Algorithm::Ring;
+    // Small allreduces in power-of-two groups: log2 n exchanges instead of a
+    // tree's 2 log2 n hops.
+    return std::string_view(collective) == "allreduce" && size > 1 && algorithms::isPowerOfTwo(size)
+               ? Algorithm::RecursiveDoubling
+               : Algorithm::Tree;
   }
 
   std::shared_ptr<Work> submit(std::unique_ptr<Operation> op) {
@@ -145,13 +153,21 @@ struct VerbsBackend::Impl {
     size_t es = elementSize(dtype);
     size_t bytes = count * es;
     Algorithm algo = choose(algorithm, "allreduce", "RDMACC_ALGO_ALLREDUCE", bytes);
-    if (algo != Algorithm::Ring && algo != Algorithm::Tree) {
-      invalid(fmt::format("allreduce has no {} algorithm", toString(algo)), "use ring or tree");
+    if (algo != Algorithm::Ring && algo != Algorithm::Tree &&
+        algo != Algorithm::RecursiveDoubling) {
+      invalid(fmt::format("allreduce has no {} algorithm", toString(algo)),
+              "use ring, tree or recursive_doubling");
+    }
+    if (algo == Algorithm::RecursiveDoubling && !algorithms::isPowerOfTwo(size)) {
+      invalid(fmt::format("recursive doubling needs a power-of-two group, not {} ranks", size),
+              "use ring or tree (or auto) for this group");
     }
     bool avg = reduceOp == ReduceOp::Avg;
     op.schedule = algo == Algorithm::Ring
                       ? algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg)
-                      : algorithms::treeAllreduce(rank, size, bytes, avg);
+                  : algo == Algorithm::Tree
+                      ? algorithms::treeAllreduce(rank, size, bytes, avg)
+                      : algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
     op.sendBase = op.recvBase = data;
     op.dtype = dtype;
     op.reduceOp = reduceOp;

@@ -66,7 +66,7 @@ void usage(FILE* out) {
       "      half, bfloat16, int8, uint8, int32, int64             -o  sum (default), prod, min, "
       "max, avg\n"
       "  -r  root rank (default 0)                                  -a  algorithm: auto, ring, "
-      "tree\n"
+      "tree,\n      recursive_doubling (allreduce, power-of-two groups)\n"
       "  --check  verify every element of every size (#wrong column)\n"
       "  --json FILE  write the results as JSON\n"
       "  --csv FILE   append the results to a CSV file (header written when it is new), so that\n"
@@ -148,7 +148,10 @@ Args parse(int argc, char** argv) {
     else if (k == "-r")
       a.root = static_cast<int>(parseInt(v, "-r"));
     else if (k == "-a")
-      a.algorithm = v == "ring" ? Algorithm::Ring : v == "tree" ? Algorithm::Tree : Algorithm::Auto;
+      a.algorithm = v == "ring"                 ? Algorithm::Ring
+                    : v == "tree"               ? Algorithm::Tree
+                    : v == "recursive_doubling" ? Algorithm::RecursiveDoubling
+                                                : Algorithm::Auto;
     else if (k == "--json")
       a.json = v;
     else if (k == "--csv")

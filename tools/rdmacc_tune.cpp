@@ -34,7 +34,7 @@ void usage(FILE* out) {
   fmt::print(
       out,
       "usage: rdmacc-tune [-o FILE] [-b MIN] [-e MAX] [-n ITERS]\n"
-      "Times ring and tree allreduce and chain (ring) and tree broadcast at sizes MIN..MAX\n"
+      "Times ring, tree (and recursive doubling) allreduce and chain and tree broadcast, MIN..MAX\n"
       "(factor 4; default 8 B .. 16M) on this group and writes the fastest per size to FILE\n"
       "(default rdmacc-tune.txt): use it with RDMACC_TUNE_FILE=FILE. Start it like the\n"
       "job it tunes: rdmacc-run -n 4 -- rdmacc-tune -o tune.txt\n");
@@ -93,7 +93,11 @@ int run(const Args& args) {
     for (size_t bytes = args.minBytes; bytes <= args.maxBytes; bytes *= 4) {
       std::vector<Tensor> t{Tensor{buffer.data(), bytes / sizeof(float), DataType::Float32}};
       std::map<Algorithm, double> times;
-      for (Algorithm algorithm : {Algorithm::Tree, Algorithm::Ring}) {
+      std::vector<Algorithm> candidates{Algorithm::Tree, Algorithm::Ring};
+      if (std::string(collective) == "allreduce" && n > 1 && (n & (n - 1)) == 0) {
+        candidates.push_back(Algorithm::RecursiveDoubling);
+      }
+      for (Algorithm algorithm : candidates) {
         double us = timeIt(*backend, args.iterations, [&]() {
           if (std::string(collective) == "allreduce")
             return backend->allreduce(t, AllreduceOptions{.algorithm = algorithm});
@@ -107,8 +111,10 @@ int run(const Args& args) {
       }
       // Measurements on shared machines are noisy: switch algorithms only for
       // a clear (10%) win, so that noise does not fragment the table.
-      Algorithm winner =
-          times[Algorithm::Tree] <= times[Algorithm::Ring] ? Algorithm::Tree : Algorithm::Ring;
+      Algorithm winner = candidates.front();
+      for (Algorithm a : candidates) {
+        if (times[a] < times[winner]) winner = a;
+      }
       if (last != Algorithm::Auto && winner != last && times[winner] > 0.9 * times[last]) {
         winner = last;
       }

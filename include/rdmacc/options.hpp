@@ -13,7 +13,7 @@ namespace rdmacc {
 inline constexpr std::chrono::milliseconds kUseDefaultTimeout{-1};
 
 // Algorithm override for one call; Auto picks by size and world size.
-enum class Algorithm { Auto, Ring, Tree, Linear, Pairwise, Dissemination };
+enum class Algorithm { Auto, Ring, Tree, Linear, Pairwise, Dissemination, RecursiveDoubling };
 const char* toString(Algorithm algorithm) noexcept;
 
 struct BroadcastOptions {
@@ -27,8 +27,9 @@ struct AllreduceOptions {
   ReduceOp reduceOp = ReduceOp::Sum;
   double preMulFactor = 1.0;  // PreMulSum: every input is multiplied by it first
   std::chrono::milliseconds timeout = kUseDefaultTimeout;
-  Algorithm algorithm =
-      Algorithm::Auto;  // Ring (reduce-scatter + allgather), Tree (reduce + broadcast)
+  // Ring (reduce-scatter + allgather), Tree (reduce + broadcast),
+  // RecursiveDoubling (log2 n pairwise exchanges; power-of-two groups)
+  Algorithm algorithm = Algorithm::Auto;
 };
 
 struct AllreduceCoalescedOptions : AllreduceOptions {};

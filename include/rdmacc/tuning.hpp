@@ -7,7 +7,8 @@
 //   allreduce  4     max         ring
 // A call of `bytes` on a group of `ranks` takes the first rule of its
 // collective, for the listed world size nearest to `ranks`, whose bound is
-// >= bytes. Collectives: allreduce, broadcast; algorithms: ring, tree.
+// >= bytes. Collectives: allreduce, broadcast; algorithms: ring, tree, and
+// recursive_doubling for allreduce.
 #pragma once
 
 #include <cstddef>

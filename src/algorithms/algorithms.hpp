@@ -29,6 +29,12 @@ Schedule treeReduce(int rank, int size, int root, size_t bytes);
 // Reduce to rank 0, finalise there, broadcast back: one owner computes.
 Schedule treeAllreduce(int rank, int size, size_t bytes, bool finalize);
 
+// recursive_doubling.cpp: log2(size) steps; in step k rank r exchanges the
+// whole buffer with r ^ 2^k and combines (a + b and b + a are the same bits,
+// so every rank ends identical). size must be a power of two.
+bool isPowerOfTwo(int size);
+Schedule recursiveDoublingAllreduce(int rank, int size, size_t bytes, bool finalize);
+
 // pairwise_alltoall.cpp: in step i rank r sends to r+i and receives from r-i.
 Schedule pairwiseAlltoall(int rank, int size, const std::vector<Range>& sendBlocks,
                           const std::vector<Range>& recvBlocks);

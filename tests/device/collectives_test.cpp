@@ -166,13 +166,20 @@ std::string name(DataType t, ReduceOp op, size_t n, Algorithm a) {
 
 // -------------------------------------------------------------- allreduce --
 
+// Recursive doubling needs a power-of-two group.
+std::vector<Algorithm> allreduceAlgorithms() {
+  std::vector<Algorithm> out{Algorithm::Ring, Algorithm::Tree};
+  if ((N & (N - 1)) == 0) out.push_back(Algorithm::RecursiveDoubling);
+  return out;
+}
+
 TEST(Collectives, AllreduceEveryTypeOpSizeAndAlgorithm) {
   int c = 0;
   for (DataType t : kTypes) {
     for (ReduceOp op : kOps) {
       if (!supports(op, t)) continue;
       for (size_t n : kSizes) {
-        for (Algorithm a : {Algorithm::Ring, Algorithm::Tree}) {
+        for (Algorithm a : allreduceAlgorithms()) {
           ++c;
           Buffer b = contribution(t, op, n, R, c);
           std::vector<Tensor> ts{b.tensor()};
@@ -189,7 +196,9 @@ TEST(Collectives, AllreduceEveryTypeOpSizeAndAlgorithm) {
 
 TEST(Collectives, AllreduceLargerThanEveryChunkAndAuto) {
   for (size_t n : {gBackend->chunkBytes() / 4 * 5 + 3, size_t{33333}}) {
-    for (Algorithm a : {Algorithm::Auto, Algorithm::Ring, Algorithm::Tree}) {
+    auto algorithms = allreduceAlgorithms();
+    algorithms.push_back(Algorithm::Auto);
+    for (Algorithm a : algorithms) {
       Buffer b = contribution(DataType::Float32, ReduceOp::Sum, n, R, 7);
       std::vector<Tensor> ts{b.tensor()};
       gBackend->allreduce(ts, AllreduceOptions{.algorithm = a})->wait();

@@ -3,6 +3,7 @@
 // the same step semantics as the engine (gated sends forward whole receives).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <deque>
 #include <map>
 #include <numeric>
@@ -49,6 +50,9 @@ void simulate(std::vector<Rank>& ranks) {
         const Step& s = r.schedule[r.step];
         for (size_t j = 0; j < s.recvs.size(); ++j) {
           if (r.received[j]) continue;
+          // as the engine: combine only once the send reading these bytes is out
+          if (s.recvs[j].afterSend >= 0 && !r.sent[static_cast<size_t>(s.recvs[j].afterSend)])
+            continue;
           auto& q = wires[{s.recvs[j].peer, me}];
           if (q.empty()) continue;
           Bytes msg = q.front();
@@ -283,6 +287,35 @@ TEST_P(Sizes, LinearGatherScatterAndBarrier) {
   int rounds = 0;
   for (int d = 1; d < n; d <<= 1) ++rounds;
   EXPECT_EQ(static_cast<int>(algorithms::disseminationBarrier(0, n).size()), rounds);
+}
+
+TEST(RecursiveDoubling, SumsEverywhereInLog2Steps) {
+  for (int n : {1, 2, 4, 8, 16}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{17}}) {
+      std::vector<Rank> ranks(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        auto& x = ranks[static_cast<size_t>(r)];
+        x.schedule = algorithms::recursiveDoublingAllreduce(r, n, count, /*finalize=*/false);
+        EXPECT_EQ(x.schedule.size(),
+                  static_cast<size_t>(std::countr_zero(static_cast<unsigned>(n))));
+        x.recvBuf.resize(count);
+        for (size_t i = 0; i < count; ++i) x.recvBuf[i] = v(r, i);
+      }
+      simulate(ranks);
+      for (size_t i = 0; i < count; ++i) {
+        uint8_t want = 0;
+        for (int r = 0; r < n; ++r) want = static_cast<uint8_t>(want + v(r, i));
+        for (int r = 0; r < n; ++r)
+          ASSERT_EQ(ranks[static_cast<size_t>(r)].recvBuf[i], want) << "n " << n << " rank " << r;
+      }
+    }
+  }
+  // finalize: every rank finishes the whole buffer, after the last exchange
+  auto s = algorithms::recursiveDoublingAllreduce(1, 4, 8, /*finalize=*/true);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s.back().finalize, (std::vector<Range>{Range{0, 8}}));
+  EXPECT_TRUE(algorithms::isPowerOfTwo(8));
+  EXPECT_FALSE(algorithms::isPowerOfTwo(6));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Sizes, ::testing::Values(1, 2, 3, 4, 5, 7, 8, 9, 16));
