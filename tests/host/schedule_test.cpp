@@ -105,6 +105,18 @@ uint8_t v(int rank, size_t i) {
   return static_cast<uint8_t>((rank * 7 + i * 3 + 1) % 16);
 }
 
+// Every rank's buffer holds the sum over ranks of v(rank, i).
+void expectSummedEverywhere(const std::vector<Rank>& ranks, size_t count) {
+  const int n = static_cast<int>(ranks.size());
+  for (size_t i = 0; i < count; ++i) {
+    uint8_t want = 0;
+    for (int r = 0; r < n; ++r) want = static_cast<uint8_t>(want + v(r, i));
+    for (int r = 0; r < n; ++r)
+      ASSERT_EQ(ranks[static_cast<size_t>(r)].recvBuf[i], want)
+          << "n=" << n << " count=" << count << " rank=" << r;
+  }
+}
+
 class Sizes : public ::testing::TestWithParam<int> {};
 
 TEST_P(Sizes, RingAllreduceSumsEverywhereAndEachBlockHasOneOwner) {
@@ -118,13 +130,7 @@ TEST_P(Sizes, RingAllreduceSumsEverywhereAndEachBlockHasOneOwner) {
       for (size_t i = 0; i < count; ++i) x.recvBuf[i] = v(r, i);
     }
     simulate(ranks);
-    for (size_t i = 0; i < count; ++i) {
-      uint8_t want = 0;
-      for (int r = 0; r < n; ++r) want = static_cast<uint8_t>(want + v(r, i));
-      for (int r = 0; r < n; ++r)
-        ASSERT_EQ(ranks[static_cast<size_t>(r)].recvBuf[i], want)
-            << "n=" << n << " count=" << count;
-    }
+    expectSummedEverywhere(ranks, count);
     // Finalisation: every block exactly once, by its owner, before it travels.
     std::vector<int> finalised(count, 0);
     for (int r = 0; r < n; ++r) {
@@ -302,12 +308,7 @@ TEST(RecursiveDoubling, SumsEverywhereInLog2Steps) {
         for (size_t i = 0; i < count; ++i) x.recvBuf[i] = v(r, i);
       }
       simulate(ranks);
-      for (size_t i = 0; i < count; ++i) {
-        uint8_t want = 0;
-        for (int r = 0; r < n; ++r) want = static_cast<uint8_t>(want + v(r, i));
-        for (int r = 0; r < n; ++r)
-          ASSERT_EQ(ranks[static_cast<size_t>(r)].recvBuf[i], want) << "n " << n << " rank " << r;
-      }
+      expectSummedEverywhere(ranks, count);
     }
   }
   // finalize: every rank finishes the whole buffer, after the last exchange
