@@ -59,7 +59,8 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_ALGO_BROADCAST", String, "auto", "",
     "broadcast algorithm: auto, ring (pipelined chain) or tree (pipelined binomial tree)", 0, 0},
   OptionSpec{"RDMACC_SPIN_US", Int, "50", "us",
-    "how long the progress thread busy-polls before it sleeps on the completion channel", 0, 10000000},
+    "how long the progress thread, or a caller in wait(), busy-polls without progress before it "
+    "sleeps on the completion channel", 0, 10000000},
   OptionSpec{"RDMACC_CONNECT_TIMEOUT", Duration, "60s", "",
     "time allowed for every peer to arrive and connect when the group forms", 0, 0},
   OptionSpec{"RDMACC_STORE_TIMEOUT", Duration, "300s", "",

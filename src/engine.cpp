@@ -36,6 +36,12 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMagic = 0x52434d47;  // "RCMG"
 constexpr uint32_t kCreditBit = 0x80000000u;
 constexpr auto kDepartureGrace = std::chrono::milliseconds(200);
+// A sleeping thread with pending work wakes at least this often (deadlines).
+constexpr auto kSleepSlice = std::chrono::microseconds(20000);
+// After a waiting caller got its work done, the engine thread stays parked
+// this long: a caller waiting on operations back to back keeps driving them
+// alone, without the engine thread competing for the lock and the CPU.
+constexpr auto kDriverLinger = std::chrono::microseconds(1000);
 
 enum class MessageKind : uint8_t { Collective = 1, PointToPoint = 2, Abort = 3 };
 
@@ -130,15 +136,18 @@ struct Engine::Impl {
   // eventfd only when the engine sleeps or is about to (a syscall, and under
   // emulation a costly one, saved per operation while it spins).
   std::atomic<bool> intakePending{false};
-  std::atomic<bool> sleeping{false};
+  std::atomic<int> sleepers{0};
   // Progress is made by whoever holds progressMutex: the engine thread, or a
   // caller blocked in Work::wait() (a "driver"), which saves the two thread
-  // hand-offs per operation that dominate small-message latency. While a
-  // driver is active the engine thread parks.
+  // hand-offs per operation that dominate small-message latency. A driver
+  // that finds nothing to do sleeps on the completion channel itself. While a
+  // driver is active, and for a moment after one left with its work done
+  // (it is likely back with the next operation), the engine thread parks.
   std::mutex progressMutex;
   std::atomic<int> drivers{0};
-  bool stopped = false;  // under progressMutex: no more progress after ~Engine
-  std::jthread thread;   // last: starts after everything above exists
+  std::atomic<Clock::rep> driverLeft{0};  // when the last driver left content; 0: none since
+  bool stopped = false;                   // under progressMutex: no more progress after ~Engine
+  std::jthread thread;                    // last: starts after everything above exists
 
   Impl(Mesh& m, EngineOptions o) : mesh(m), options(std::move(o)), rank(m.rank()), size(m.size()) {}
 
@@ -362,6 +371,7 @@ struct Engine::Impl {
   // queue when the disconnect event arrives.
   bool pollConnectionEvents() {
     auto gone = mesh.takeDisconnectedPeers();
+    bool progress = !gone.empty();
     auto now = Clock::now();
     for (int peer : gone) {
       if (dead[static_cast<size_t>(peer)]) continue;
@@ -380,11 +390,12 @@ struct Engine::Impl {
       for (const auto& a : pointToPoint) needed = needed || needs(*a, peer);
       if (needed) {
         breakGroup(peerGone(peer), false);
+        progress = true;
       } else {
         log(LogLevel::Info, "rank {} disconnected; operations that involve it will fail", peer);
       }
     }
-    return !gone.empty();
+    return progress;
   }
 
   // --------------------------------------------------------- collectives --
@@ -765,26 +776,28 @@ struct Engine::Impl {
     return progress;
   }
 
-  void sleep() {
-    sleeping.store(true);  // seq_cst: pairs with submit()'s store and load
+  // Blocks until a completion, a submission, an rdma_cm event or maxWait;
+  // the engine thread (mayIdle) without pending work until one of the events.
+  // Drivers use it too.
+  void sleep(std::chrono::microseconds maxWait, bool mayIdle) {
+    sleepers.fetch_add(1);  // seq_cst: pairs with submit()'s store and load
     struct Awake {
-      std::atomic<bool>& flag;
-      ~Awake() { flag.store(false); }
-    } awake{sleeping};
+      std::atomic<int>& count;
+      ~Awake() { count.fetch_sub(1); }
+    } awake{sleepers};
     if (intakePending.load()) return;
     bool idle = false;
     {
       std::lock_guard lock(progressMutex);
+      if (stopped) return;
       mesh.cq().arm();
-      if (pollCompletions()) return;
-      // With work pending, deadlines are checked at least every 20 ms; an idle
-      // engine sleeps until a submission, a completion or an rdma_cm event.
-      idle = collectives.empty() && pointToPoint.empty() && departures.empty();
+      if (guardedStep()) return;  // a completion may have landed before the arm
+      idle = mayIdle && collectives.empty() && pointToPoint.empty() && departures.empty();
     }
     std::array<pollfd, 3> fds{
         {{mesh.cq().fd(), POLLIN, 0}, {wakeFd.get(), POLLIN, 0}, {mesh.eventFd(), POLLIN, 0}}};
-    int timeoutMs = idle ? -1 : 20;
-    ::poll(fds.data(), fds[2].fd >= 0 ? 3 : 2, timeoutMs);
+    timespec ts{.tv_sec = maxWait.count() / 1000000, .tv_nsec = maxWait.count() % 1000000 * 1000};
+    ::ppoll(fds.data(), fds[2].fd >= 0 ? 3 : 2, idle ? nullptr : &ts, nullptr);
     if (fds[1].revents & POLLIN) {
       uint64_t v = 0;
       ssize_t ignored = ::read(wakeFd.get(), &v, sizeof v);
@@ -807,8 +820,10 @@ struct Engine::Impl {
   }
 
   // A caller waiting for `work` makes progress itself until it completes or
-  // nothing moved for the spin time; then Work::wait() blocks as usual.
-  void drive(const Work& work) {
+  // `until`: polling while things move or for the spin time, then sleeping on
+  // the completion channel (with pending work, deadlines are checked at least
+  // every kSleepSlice). Work::wait() then blocks for what is left, if anything.
+  void drive(const Work& work, Clock::time_point until) {
     drivers.fetch_add(1);
     auto lastProgress = Clock::now();
     bool completed = false;
@@ -822,21 +837,38 @@ struct Engine::Impl {
         }
       }
       auto now = Clock::now();
+      if (now >= until) break;
       if (progress) {
         lastProgress = now;
       } else if (now - lastProgress > options.spin) {
-        break;
+        sleep(std::chrono::duration_cast<std::chrono::microseconds>(
+                  std::min<Clock::duration>(until - now, kSleepSlice)),
+              /*mayIdle=*/false);
+        lastProgress = Clock::now();
       }
     }
+    driverLeft.store(completed ? Clock::now().time_since_epoch().count() : 0);
     drivers.fetch_sub(1);
     if (!completed) wake();  // the engine thread takes over at once
+  }
+
+  // How long the engine thread stays out of the way of drivers.
+  std::chrono::microseconds driverPause() const {
+    using std::chrono::microseconds;
+    // A driver that leaves without its work done wakes the engine thread.
+    if (drivers.load() > 0) return std::chrono::duration_cast<microseconds>(kSleepSlice);
+    Clock::rep left = driverLeft.load();
+    if (left == 0) return microseconds(0);
+    auto since = Clock::now() - Clock::time_point(Clock::duration(left));
+    if (since >= kDriverLinger) return microseconds(0);
+    return std::chrono::duration_cast<microseconds>(kDriverLinger - since) + microseconds(1);
   }
 
   void run(const std::stop_token& stop) {
     auto lastProgress = Clock::now();
     while (!stop.stop_requested()) {
-      if (drivers.load() > 0) {
-        park();
+      if (auto pause = driverPause(); pause.count() > 0) {
+        park(pause);
         lastProgress = Clock::now();
         continue;
       }
@@ -852,7 +884,7 @@ struct Engine::Impl {
       }
       if (now - lastProgress < options.spin) continue;
       try {
-        sleep();
+        sleep(kSleepSlice, /*mayIdle=*/true);
       } catch (const std::exception& e) {
         log(LogLevel::Error, "progress engine: {}", e.what());
       }
@@ -861,10 +893,11 @@ struct Engine::Impl {
     drain();
   }
 
-  // While a caller drives progress: wait for a wake-up, at most 1 ms.
-  void park() {
+  // While drivers make progress: wait for a wake-up or `pause`.
+  void park(std::chrono::microseconds pause) {
     pollfd fd{wakeFd.get(), POLLIN, 0};
-    if (::poll(&fd, 1, 1) > 0) {
+    timespec ts{.tv_sec = pause.count() / 1000000, .tv_nsec = pause.count() % 1000000 * 1000};
+    if (::ppoll(&fd, 1, &ts, nullptr) > 0) {
       uint64_t v = 0;
       ssize_t ignored = ::read(wakeFd.get(), &v, sizeof v);
       (void)ignored;
@@ -970,6 +1003,7 @@ Engine::~Engine() {
     std::lock_guard lock(impl_->progressMutex);
     impl_->stopped = true;  // drivers leave
   }
+  impl_->wake();  // a sleeping one too
   {
     std::unique_lock lock(gate_->mutex);  // waits for the drivers inside
     gate_->impl = nullptr;
@@ -995,7 +1029,7 @@ void Engine::submit(std::unique_ptr<Operation> op) {
     impl_->intake.push_back(std::move(op));
     impl_->intakePending.store(true);
   }
-  if (impl_->sleeping.load()) impl_->wake();
+  if (impl_->sleepers.load() > 0) impl_->wake();
 }
 
 void Engine::abort(const std::string& reason) {
@@ -1007,10 +1041,10 @@ void Engine::abort(const std::string& reason) {
   impl_->wake();
 }
 
-std::function<void(const Work&)> Engine::driver() {
-  return [gate = gate_](const Work& work) {
+Work::ProgressDriver Engine::driver() {
+  return [gate = gate_](const Work& work, std::chrono::steady_clock::time_point until) {
     std::shared_lock lock(gate->mutex);
-    if (gate->impl != nullptr) gate->impl->drive(work);
+    if (gate->impl != nullptr) gate->impl->drive(work, until);
   };
 }
 

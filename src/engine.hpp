@@ -78,7 +78,7 @@ class Engine {
   size_t chunkBytes() const noexcept;
   // For Work::setProgressDriver: lets a waiting caller make progress itself.
   // Safe to call after the engine is gone (it then does nothing).
-  std::function<void(const Work&)> driver();
+  Work::ProgressDriver driver();
 
  private:
   struct Impl;

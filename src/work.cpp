@@ -31,16 +31,19 @@ int Work::sourceRank() const {
 }
 
 bool Work::wait(std::chrono::milliseconds timeout) {
-  std::function<void(const Work&)> driver;
+  using Clock = std::chrono::steady_clock;
+  bool forever = timeout == std::chrono::milliseconds::max();
+  auto until = forever ? Clock::time_point::max() : Clock::now() + timeout;
+  ProgressDriver driver;
   {
     std::lock_guard lock(mutex_);
     if (!completed_) driver = driver_;
   }
-  if (driver) driver(*this);
+  if (driver) driver(*this, until);
   std::unique_lock lock(mutex_);
-  if (timeout == std::chrono::milliseconds::max()) {
+  if (forever) {
     done_.wait(lock, [&] { return settled_; });
-  } else if (!done_.wait_for(lock, timeout, [&] { return settled_; })) {
+  } else if (!done_.wait_until(lock, until, [&] { return settled_; })) {
     throw Error(
         ErrorKind::Timeout,
         fmt::format("Work::wait timed out after {} ms on {} #{} (the operation continues)",
@@ -110,7 +113,7 @@ void Work::runCallbacks(std::vector<std::function<void(Work&)>>& callbacks) {
   }
 }
 
-void Work::setProgressDriver(std::function<void(const Work&)> driver) {
+void Work::setProgressDriver(ProgressDriver driver) {
   std::lock_guard lock(mutex_);
   if (!completed_) driver_ = std::move(driver);
 }

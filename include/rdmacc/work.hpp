@@ -68,9 +68,11 @@ class Work : public std::enable_shared_from_this<Work> {
   // For the backend: completes the work (ok when error is null). Idempotent.
   void finish(std::exception_ptr error, int sourceRank = -1);
   void setAbortHandler(std::function<void()> handler);
-  // wait() first lets the driver make progress on the caller's thread
-  // (returns when the work completed or nothing moved for a while).
-  void setProgressDriver(std::function<void(const Work&)> driver);
+  // wait() first lets the driver make progress on the caller's thread; it
+  // returns when the work completed or at `until` (the wait's timeout).
+  using ProgressDriver =
+      std::function<void(const Work&, std::chrono::steady_clock::time_point until)>;
+  void setProgressDriver(ProgressDriver driver);
 
  private:
   void runCallbacks(std::vector<std::function<void(Work&)>>& callbacks);
@@ -85,7 +87,7 @@ class Work : public std::enable_shared_from_this<Work> {
   int sourceRank_ = -1;
   std::vector<std::function<void(Work&)>> callbacks_;
   std::function<void()> abortHandler_;
-  std::function<void(const Work&)> driver_;
+  ProgressDriver driver_;
 };
 
 }  // namespace rdmacc
