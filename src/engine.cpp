@@ -24,6 +24,7 @@
 #include "src/buffer.hpp"
 #include "src/mesh.hpp"
 #include "src/reduce.hpp"
+#include "src/registration_cache.hpp"
 #include "src/socket.hpp"
 #include "src/wr_id.hpp"
 #include "verbs/error.hpp"
@@ -71,20 +72,48 @@ struct Incoming {
   uint64_t arrival = 0;
 };
 
+// An operation's zero-copy writes still in flight: the hardware may still be
+// reading those bytes, so the operation does not write over them (receives,
+// Avg's division, its epilogue) and does not complete until they are done.
+struct ZeroCopyWrites {
+  std::vector<std::pair<const uint8_t*, size_t>> ranges;
+  bool overlaps(const uint8_t* p, size_t n) const {
+    for (const auto& [q, m] : ranges) {
+      if (p < q + m && q < p + n) return true;
+    }
+    return false;
+  }
+  void done(const uint8_t* p, size_t n) {
+    auto it = std::find(ranges.begin(), ranges.end(), std::make_pair(p, n));
+    if (it != ranges.end()) ranges.erase(it);
+  }
+};
+
+// What a staging slot's write reads besides the slot (its zero-copy payload).
+struct SlotWrite {
+  std::shared_ptr<const Registration> registration;  // keeps the region registered
+  std::shared_ptr<ZeroCopyWrites> owner;
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
 struct PeerState {
   ibv_qp* qp = nullptr;
   uint64_t remoteBase = 0;  // where this rank's slots start in the peer's region
   uint32_t rkey = 0;
-  std::deque<int> freeRemote;      // the peer's slots we may write (our credits)
-  std::vector<int> freeStaging;    // our staging slots for this peer
-  std::deque<Incoming> inbox;      // arrived, not yet consumed
-  std::deque<int> pendingCredits;  // consumed slots not yet handed back to the peer
+  std::deque<int> freeRemote;         // the peer's slots we may write (our credits)
+  std::vector<int> freeStaging;       // our staging slots for this peer
+  std::vector<SlotWrite> slotWrites;  // by staging slot: zero-copy payloads in flight
+  std::deque<Incoming> inbox;         // arrived, not yet consumed
+  std::deque<int> pendingCredits;     // consumed slots not yet handed back to the peer
   int sendQueueUsed = 0;
 };
 
 struct Active {
   std::unique_ptr<Operation> op;
+  std::shared_ptr<ZeroCopyWrites> zeroCopy = std::make_shared<ZeroCopyWrites>();
   bool started = false;
+  bool finished = false;  // collectives: every step and the epilogue done
   size_t step = 0;
   std::vector<size_t> sent, sentMessages, received, receivedMessages;
   Clock::time_point deadline{};
@@ -173,7 +202,11 @@ struct Engine::Impl {
     return p.sendQueueUsed + 2 > static_cast<int>(mesh.qpParams().sendDepth);
   }
 
-  bool trySend(int peer, const Header& header, const uint8_t* data) {
+  // Sends one message: the header from a staging slot, the payload copied
+  // after it, or (zero-copy, when `owner` is given and the payload lies in
+  // memory the user registered) gathered straight from the user's buffer.
+  bool trySend(int peer, const Header& header, const uint8_t* data,
+               const std::shared_ptr<ZeroCopyWrites>& owner = nullptr) {
     PeerState& p = peers[static_cast<size_t>(peer)];
     if (p.freeRemote.empty() || p.freeStaging.empty() || sendQueueFull(p)) return false;
     int remote = p.freeRemote.front();
@@ -182,25 +215,42 @@ struct Engine::Impl {
     Header h = header;
     h.credits = takePiggybackCredits(p);
     std::memcpy(slot, &h, sizeof h);
-    if (header.payload > 0) std::memcpy(slot + kHeaderBytes, data, header.payload);
+    std::shared_ptr<const Registration> registration;
+    if (owner && options.registrations != nullptr && header.payload >= options.zeroCopyMinBytes) {
+      registration = options.registrations->find(data, header.payload);
+    }
+    if (header.payload > 0 && !registration) {
+      std::memcpy(slot + kHeaderBytes, data, header.payload);
+    }
     verbs::WriteRequest w{
         .wrId = pack(
             WrId{WrKind::WriteImm, 0, static_cast<uint16_t>(peer), static_cast<uint32_t>(staging)}),
         .local = slot,
         .lkey = stagingMr->lkey,
-        .length = static_cast<uint32_t>(kHeaderBytes + header.payload),
+        .length = static_cast<uint32_t>(kHeaderBytes + (registration ? 0 : header.payload)),
         .remoteAddr = p.remoteBase + static_cast<uint64_t>(remote) * options.slotBytes,
         .rkey = p.rkey,
         .imm = static_cast<uint32_t>(remote)};
+    if (registration) {
+      w.local2 = data;
+      w.lkey2 = registration->lkey;
+      w.length2 = header.payload;
+    }
     if (int rc = verbs::postWrite(p.qp, w); rc != 0) {
       throw verbs::verbsError("ibv_post_send", rc,
                               fmt::format("posting a message to rank {}", peer));
+    }
+    if (registration) {
+      owner->ranges.emplace_back(data, header.payload);
+      p.slotWrites[static_cast<size_t>(staging)] =
+          SlotWrite{std::move(registration), owner, data, header.payload};
     }
     p.freeRemote.pop_front();
     p.freeStaging.pop_back();
     ++p.sendQueueUsed;
     if (logEnabled(LogLevel::Trace))
-      log(LogLevel::Trace, "-> rank {} slot {}: {}", peer, remote, describe(header));
+      log(LogLevel::Trace, "-> rank {} slot {}: {}{}", peer, remote, describe(header),
+          p.slotWrites[static_cast<size_t>(staging)].owner ? " (zero-copy)" : "");
     return true;
   }
 
@@ -274,10 +324,16 @@ struct Engine::Impl {
         case WrKind::Recv:
           onReceive(peer, ntohl(wc.imm_data), wc.wr_id);
           break;
-        case WrKind::WriteImm:
+        case WrKind::WriteImm: {
           p.freeStaging.push_back(static_cast<int>(id.tag));
           --p.sendQueueUsed;
+          SlotWrite& zc = p.slotWrites[id.tag];
+          if (zc.owner) {
+            zc.owner->done(zc.data, zc.bytes);
+            zc = SlotWrite{};
+          }
           break;
+        }
         default:
           --p.sendQueueUsed;
           break;
@@ -483,7 +539,9 @@ struct Engine::Impl {
                    .step = static_cast<uint32_t>(a.step),
                    .payload = static_cast<uint32_t>(payload),
                    .check = op.checkValue};
-          if (!trySend(send.peer, h, op.sendBase + send.range.offset + a.sent[i])) break;
+          if (!trySend(send.peer, h, op.sendBase + send.range.offset + a.sent[i], a.zeroCopy)) {
+            break;
+          }
           a.sent[i] += payload;
           ++a.sentMessages[i];
           progress = true;
@@ -509,6 +567,7 @@ struct Engine::Impl {
             mismatch(a, recv.peer, h, payload);
           }
           uint8_t* dst = op.recvBase + recv.range.offset + a.received[j];
+          if (a.zeroCopy->overlaps(dst, payload)) break;  // a write still reads these bytes
           const uint8_t* src = recvSlot(recv.peer, in->slot) + kHeaderBytes;
           if (recv.combine == Combine::Copy) {
             if (payload > 0) std::memcpy(dst, src, payload);
@@ -523,11 +582,20 @@ struct Engine::Impl {
         complete = complete && a.receivedMessages[j] == messages(bytes);
       }
       if (!complete) return progress;
+      if (a.step + 1 < op.schedule.size()) {
+        for (const Range& r : op.schedule[a.step + 1].finalize) {
+          if (a.zeroCopy->overlaps(op.recvBase + r.offset, r.bytes)) return progress;
+        }
+      }
       ++a.step;
       if (a.step < op.schedule.size()) enterStep(a);
       progress = true;
     }
+    // The epilogue may write the buffers, and the caller may reuse them once
+    // the work completes.
+    if (!a.zeroCopy->ranges.empty()) return progress;
     if (op.epilogue) op.epilogue();
+    a.finished = true;
     return true;
   }
 
@@ -543,7 +611,7 @@ struct Engine::Impl {
                .step = a.chunks,
                .payload = static_cast<uint32_t>(payload),
                .check = op.bytes};
-      if (!trySend(op.peer, h, op.buffer + a.done)) break;
+      if (!trySend(op.peer, h, op.buffer + a.done, a.zeroCopy)) break;
       a.done += payload;
       ++a.chunks;
       progress = true;
@@ -620,7 +688,7 @@ struct Engine::Impl {
       } else {
         progress |= advanceRecv(a);
       }
-      if (a.chunks == messages(op.bytes)) {
+      if (a.chunks == messages(op.bytes) && a.zeroCopy->ranges.empty()) {
         op.work->finish(nullptr, a.source);
         it = pointToPoint.erase(it);
         progress = true;
@@ -756,7 +824,7 @@ struct Engine::Impl {
       Active& a = *collectives.front();
       bool before = a.started;
       bool moved = advanceCollective(a);
-      if (a.step < a.op->schedule.size() || !a.started) {
+      if (!a.finished) {
         progress |= moved || !before;
         break;
       }
@@ -989,6 +1057,7 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
       p.freeRemote.push_back(i);
       p.freeStaging.push_back(slots - 1 - i);
     }
+    p.slotWrites.resize(static_cast<size_t>(slots));
   }
   s.wakeFd = net::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!s.wakeFd)

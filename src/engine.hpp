@@ -21,6 +21,7 @@
 namespace rdmacc {
 
 class Mesh;
+class RegistrationCache;
 
 // One operation as the engine runs it. Built by VerbsBackend on the caller's
 // thread, owned by the engine afterwards.
@@ -57,6 +58,10 @@ struct EngineOptions {
   int slotsPerPeer = 16;
   size_t slotBytes = 64 * 1024;
   std::chrono::microseconds spin{50};  // busy-poll this long before sleeping
+  // Memory the user registered: payloads of at least zeroCopyMinBytes in it
+  // are sent without the staging copy. Null: always copy.
+  const RegistrationCache* registrations = nullptr;
+  size_t zeroCopyMinBytes = 16384;
 };
 
 // Threading: submit() and abort() from any thread; everything else belongs to

@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +17,8 @@
 #include "src/engine.hpp"
 #include "src/mesh.hpp"
 #include "src/reduce.hpp"
+#include "src/registration_cache.hpp"
+#include "verbs/qp.hpp"
 
 namespace rdmacc {
 namespace {
@@ -89,8 +93,9 @@ struct VerbsBackend::Impl {
   TuningTable tuning;
   std::string group;
   std::unique_ptr<Mesh> mesh;
-  std::unique_ptr<Engine> engine;  // after the mesh: stopped first
-  std::mutex submitMutex;          // sequence numbers follow submission order
+  std::unique_ptr<RegistrationCache> registrations;  // after the mesh (its PD)
+  std::unique_ptr<Engine> engine;                    // after both: stopped first
+  std::mutex submitMutex;                            // sequence numbers follow submission order
   uint64_t sequence = 0;
   uint64_t pointToPointCount = 0;
   uint32_t monitoredBarriers = 0;
@@ -248,15 +253,34 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   if (!s.store) invalid("VerbsBackend needs a store", "pass a TCPStore, FileStore or HashStore");
   s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config,
                                   MeshOptions{.group = options.groupName});
+  s.registrations = std::make_unique<RegistrationCache>(
+      [pd = s.mesh->pd()](uintptr_t begin, size_t length) {
+        std::shared_ptr<ibv_mr> mr = verbs::registerMemory(pd, reinterpret_cast<void*>(begin),
+                                                           length, IBV_ACCESS_LOCAL_WRITE);
+        return Registration{
+            .begin = begin, .end = begin + length, .lkey = mr->lkey, .owner = std::move(mr)};
+      },
+      s.config.getBool("RDMACC_REGISTRATION_CACHE"), static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
   s.engine = std::make_unique<Engine>(
       *s.mesh, *s.store,
-      EngineOptions{.group = options.groupName,
-                    .slotsPerPeer = static_cast<int>(s.config.getInt("RDMACC_SLOTS_PER_PEER")),
-                    .slotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SLOT_BYTES")),
-                    .spin = std::chrono::microseconds(s.config.getInt("RDMACC_SPIN_US"))});
+      EngineOptions{
+          .group = options.groupName,
+          .slotsPerPeer = static_cast<int>(s.config.getInt("RDMACC_SLOTS_PER_PEER")),
+          .slotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SLOT_BYTES")),
+          .spin = std::chrono::microseconds(s.config.getInt("RDMACC_SPIN_US")),
+          .registrations = s.registrations.get(),
+          .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES"))});
 }
 
 VerbsBackend::~VerbsBackend() = default;
+
+void VerbsBackend::registerMemory(void* ptr, size_t bytes) {
+  impl_->registrations->add(ptr, bytes);
+}
+
+void VerbsBackend::deregisterMemory(void* ptr) {
+  impl_->registrations->remove(ptr);
+}
 
 size_t VerbsBackend::chunkBytes() const noexcept {
   return impl_->engine->chunkBytes();

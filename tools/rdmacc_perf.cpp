@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -41,6 +42,7 @@ struct Args {
   int root = 0;
   Algorithm algorithm = Algorithm::Auto;
   bool check = false;
+  bool registerBuffers = false;  // -R: zero-copy from registered buffers
   std::string json;
   std::string csv;      // appended to (header when the file is new or empty)
   std::string plot;     // PNG of every series in the CSV (or of this run)
@@ -68,6 +70,7 @@ void usage(FILE* out) {
       "  -r  root rank (default 0)                                  -a  algorithm: auto, ring, "
       "tree,\n      recursive_doubling (allreduce, power-of-two groups)\n"
       "  --check  verify every element of every size (#wrong column)\n"
+      "  -R       register the buffers with the backend (zero-copy sends, as nccl-tests -R)\n"
       "  --json FILE  write the results as JSON\n"
       "  --csv FILE   append the results to a CSV file (header written when it is new), so that\n"
       "               runs of several collectives or world sizes can share one file\n"
@@ -116,8 +119,8 @@ Args parse(int argc, char** argv) {
       usage(stdout);
       std::exit(0);
     }
-    if (k == "--check" || k == "--replot") {
-      (k == "--check" ? a.check : a.replot) = true;
+    if (k == "--check" || k == "--replot" || k == "-R") {
+      (k == "--check" ? a.check : k == "-R" ? a.registerBuffers : a.replot) = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -390,6 +393,7 @@ class CollectiveBench {
   }
 
   void prepare(size_t count) {
+    registered_.clear();  // deregistered before the buffers go
     count_ = count;
     const std::string& c = args_.collective;
     size_t total = count * static_cast<size_t>(n_);
@@ -403,6 +407,11 @@ class CollectiveBench {
       for (int r = 0; r < n_; ++r)
         partBufs_.push_back(std::make_unique<Buffer>(args_.dtype, count));
       for (auto& p : partBufs_) parts_.push_back(p->tensor());
+    }
+    if (args_.registerBuffers) {
+      registered_.emplace_back(*backend_, *buf_);
+      registered_.emplace_back(*backend_, *out_);
+      for (auto& p : partBufs_) registered_.emplace_back(*backend_, *p);
     }
   }
 
@@ -526,6 +535,25 @@ class CollectiveBench {
   std::unique_ptr<Buffer> buf_, out_;
   std::vector<std::unique_ptr<Buffer>> partBufs_;
   std::vector<Tensor> parts_;
+  // -R: registrations of the buffers above, released before they are freed.
+  struct Registered {
+    VerbsBackend* backend = nullptr;
+    void* ptr = nullptr;
+    Registered(VerbsBackend& b, Buffer& buffer) {
+      if (buffer.bytes.empty()) return;
+      b.registerMemory(buffer.bytes.data(), buffer.bytes.size());
+      backend = &b;
+      ptr = buffer.bytes.data();
+    }
+    Registered(Registered&& o) noexcept : backend(std::exchange(o.backend, nullptr)), ptr(o.ptr) {}
+    Registered(const Registered&) = delete;
+    Registered& operator=(const Registered&) = delete;
+    Registered& operator=(Registered&&) = delete;
+    ~Registered() {
+      if (backend != nullptr) backend->deregisterMemory(ptr);
+    }
+  };
+  std::vector<Registered> registered_;
 };
 
 std::string cell(const Row* r) {

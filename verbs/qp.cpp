@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 
+#include <array>
 #include <cerrno>
 #include <functional>
 #include <vector>
@@ -70,7 +71,7 @@ QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params) {
   init.sq_sig_all = 0;
   init.cap.max_send_wr = params.sendDepth;
   init.cap.max_recv_wr = params.recvDepth;
-  init.cap.max_send_sge = 1;
+  init.cap.max_send_sge = 2;  // header + zero-copy payload
   init.cap.max_recv_sge = 1;
   init.cap.max_inline_data = params.maxInline;
   QpPtr qp(ibv_create_qp(pd, &init));
@@ -142,14 +143,14 @@ void moveToRts(ibv_qp* qp, rdma_cm_id* id, const QpParams& p) {
 }
 
 int postWrite(ibv_qp* qp, const WriteRequest& r) {
-  ibv_sge sge{};
-  sge.addr = reinterpret_cast<uintptr_t>(r.local);
-  sge.length = r.length;
-  sge.lkey = r.lkey;
+  std::array<ibv_sge, 2> sges{};
+  int n = 0;
+  if (r.length > 0) sges[n++] = {reinterpret_cast<uintptr_t>(r.local), r.length, r.lkey};
+  if (r.length2 > 0) sges[n++] = {reinterpret_cast<uintptr_t>(r.local2), r.length2, r.lkey2};
   ibv_send_wr wr{};
   wr.wr_id = r.wrId;
-  wr.sg_list = r.length > 0 ? &sge : nullptr;
-  wr.num_sge = r.length > 0 ? 1 : 0;
+  wr.sg_list = n > 0 ? sges.data() : nullptr;
+  wr.num_sge = n;
   wr.opcode = r.imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
   if (r.imm) wr.imm_data = htonl(*r.imm);
   wr.send_flags = (r.signaled ? IBV_SEND_SIGNALED : 0) | (r.inlineData ? IBV_SEND_INLINE : 0);

@@ -74,6 +74,11 @@ struct WriteRequest {
   std::optional<uint32_t> imm;  // host order
   bool signaled = true;
   bool inlineData = false;
+  // A second piece gathered after the first (zero-copy payloads: the header
+  // from a staging slot, the data from the user's registered memory).
+  const void* local2 = nullptr;
+  uint32_t lkey2 = 0;
+  uint32_t length2 = 0;
 };
 int postWrite(ibv_qp* qp, const WriteRequest& request);
 // Posts count receive WRs with no scatter entries (for WRITE_WITH_IMM).

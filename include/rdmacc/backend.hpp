@@ -152,6 +152,17 @@ class VerbsBackend final : public Backend {
   std::shared_ptr<Work> recvAnysource(std::vector<Tensor>& tensors, int tag) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& opts = BarrierOptions()) override;
 
+  // Zero-copy (like ncclCommRegister): registers the pages holding
+  // [ptr, ptr + bytes) with the device, so that messages of at least
+  // RDMACC_ZERO_COPY_MIN_BYTES sent from them skip the staging copy. Register
+  // buffers you reuse across many operations; deregister before freeing them
+  // (a transfer in flight keeps its registration until it completes).
+  // Registering the same pointer twice needs two deregistrations. Unregistered
+  // memory is copied, which is always correct. Throws Error(Registration) when
+  // the device refuses (locked-memory limit: see docs/troubleshooting.md).
+  void registerMemory(void* ptr, size_t bytes);
+  void deregisterMemory(void* ptr);
+
   // Payload bytes per message: transfers larger than this are pipelined in chunks.
   size_t chunkBytes() const noexcept;
 
