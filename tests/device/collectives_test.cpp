@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -34,12 +35,41 @@ const std::vector<ReduceOp> kOps = {ReduceOp::Sum, ReduceOp::Avg,  ReduceOp::Pro
 const std::vector<size_t> kSizes = {0, 1, 7, 4099};
 constexpr double kFactor = 0.5;
 
+// RDMACC_TEST_REGISTER=1: every buffer of 4 KiB or more is registered with the
+// backend while it lives, so the suite runs through the zero-copy path (the
+// small ones would mostly time ibv_reg_mr).
+const bool kRegister = std::getenv("RDMACC_TEST_REGISTER") != nullptr;
+
 // A host buffer of one dtype holding small integer values, so that every
 // reduction is exact in every type and order.
 struct Buffer {
   DataType dtype;
   std::vector<uint8_t> bytes;
-  Buffer(DataType t, size_t n) : dtype(t), bytes(n * elementSize(t) + 1) {}
+  Buffer(DataType t, size_t n) : dtype(t), bytes(n * elementSize(t) + 1) { enroll(); }
+  Buffer(const Buffer& o) : dtype(o.dtype), bytes(o.bytes) { enroll(); }
+  Buffer(Buffer&& o) noexcept
+      : dtype(o.dtype),
+        bytes(std::move(o.bytes)),
+        registered(std::exchange(o.registered, nullptr)) {}
+  Buffer& operator=(const Buffer& o) {
+    if (this != &o) {
+      release();
+      dtype = o.dtype;
+      bytes = o.bytes;
+      enroll();
+    }
+    return *this;
+  }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      dtype = o.dtype;
+      bytes = std::move(o.bytes);
+      registered = std::exchange(o.registered, nullptr);
+    }
+    return *this;
+  }
+  ~Buffer() { release(); }
   size_t numel() const { return (bytes.size() - 1) / elementSize(dtype); }
   Tensor tensor() { return Tensor{bytes.data(), numel(), dtype}; }
   Tensor slice(size_t first, size_t n) {
@@ -50,6 +80,18 @@ struct Buffer {
     return getElement(Tensor{const_cast<uint8_t*>(bytes.data()), numel(), dtype}, i);
   }
   void set(size_t i, double v) { setElement(Tensor{bytes.data(), numel(), dtype}, i, v); }
+
+ private:
+  void* registered = nullptr;
+  void enroll() {
+    if (kRegister && gBackend && bytes.size() >= 4096) {  // the multi-chunk ones
+      gBackend->registerMemory(bytes.data(), bytes.size());
+      registered = bytes.data();
+    }
+  }
+  void release() {
+    if (registered != nullptr) gBackend->deregisterMemory(std::exchange(registered, nullptr));
+  }
 };
 
 // The value rank r contributes at element i of case c.
