@@ -565,7 +565,7 @@ std::string cell(const Row* r) {
 
 constexpr const char* kCsvHeader =
     "collective,ranks,dtype,op,algorithm,size_bytes,count,in_place,time_us,algbw_gbs,busbw_gbs,"
-    "wrong";
+    "wrong,registered";
 
 void appendCsv(const std::string& path, const Args& args, int ranks, const std::vector<Row>& rows) {
   bool fresh = true;
@@ -573,9 +573,10 @@ void appendCsv(const std::string& path, const Args& args, int ranks, const std::
   std::ofstream out(path, std::ios::app);
   if (fresh) out << kCsvHeader << "\n";
   for (const Row& r : rows) {
-    out << fmt::format("{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{}\n", args.collective, ranks,
-                       toString(args.dtype), toString(args.op), toString(args.algorithm), r.bytes,
-                       r.count, r.inPlace ? 1 : 0, r.time, r.algbw, r.busbw, r.wrong);
+    out << fmt::format("{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{},{}\n", args.collective,
+                       ranks, toString(args.dtype), toString(args.op), toString(args.algorithm),
+                       r.bytes, r.count, r.inPlace ? 1 : 0, r.time, r.algbw, r.busbw, r.wrong,
+                       args.registerBuffers ? 1 : 0);
   }
   if (!out) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("cannot write {}", path),
@@ -607,9 +608,10 @@ void plotCsv(const std::string& csvPath, const std::string& png) {
       series;  // key->place->rows
   while (std::getline(in, line)) {
     auto c = splitCsv(line);
-    if (c.size() != 12 || c[5] == "0") continue;
+    if (c.size() != 13 || c[5] == "0") continue;
     std::string key =
-        fmt::format("{} {} ranks{}", c[0], c[1], c[4] == "auto" ? std::string() : " " + c[4]);
+        fmt::format("{} {} ranks{}{}", c[0], c[1], c[4] == "auto" ? std::string() : " " + c[4],
+                    c[12] == "1" ? " registered" : "");
     if (!series.count(key)) order.push_back(key);
     series[key][c[7]].push_back(fmt::format("{} {} {}", c[5], c[10], c[8]));
   }
@@ -667,9 +669,10 @@ int runCollective(const Args& args) {
   if (lead) {
     fmt::print(
         "# rdmacc-perf -c {}: {} ranks, dtype {}, op {}, root {}, algorithm {}, {} iterations, {} "
-        "warm-up\n",
+        "warm-up{}\n",
         args.collective, backend->getSize(), toString(args.dtype), toString(args.op), args.root,
-        toString(args.algorithm), args.iterations, args.warmup);
+        toString(args.algorithm), args.iterations, args.warmup,
+        args.registerBuffers ? ", registered buffers (zero-copy)" : "");
     fmt::print("# {:>60} {:>31}\n", "out-of-place", "in-place");
     fmt::print(
         "# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n",
