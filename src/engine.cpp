@@ -106,7 +106,17 @@ struct PeerState {
   std::vector<SlotWrite> slotWrites;  // by staging slot: zero-copy payloads in flight
   std::deque<Incoming> inbox;         // arrived, not yet consumed
   std::deque<int> pendingCredits;     // consumed slots not yet handed back to the peer
-  int sendQueueUsed = 0;
+  // Writes posted and not yet known complete, in posting order (-1: no staging
+  // slot). Most go unsignaled: a signaled completion means every write posted
+  // before it on the queue pair is complete too (RC order), so it releases
+  // them all. Its size is the send queue's use.
+  struct Posted {
+    int staging = -1;
+    bool signaled = false;
+  };
+  std::deque<Posted> posted;
+  int unsignaledRun = 0;  // unsignaled writes at the back of `posted`
+  int sendQueueUsed() const { return static_cast<int>(posted.size()); }
 };
 
 struct Active {
@@ -198,8 +208,23 @@ struct Engine::Impl {
 
   // ------------------------------------------------------------- posting --
 
+  // Selective signalling: at most signalRun() writes in a row go unsignaled,
+  // and every write is signaled once few staging slots or send queue entries
+  // are left, so slots held by unsignaled writes are always released soon.
+  int signalRun() const { return std::max(1, options.slotsPerPeer / 4); }
+  bool mustSignal(const PeerState& p, bool usesStaging) const {
+    int run = signalRun();
+    return p.unsignaledRun + 1 >= run ||
+           (usesStaging && static_cast<int>(p.freeStaging.size()) <= run) ||
+           p.sendQueueUsed() + run + 2 >= static_cast<int>(mesh.qpParams().sendDepth);
+  }
+  void posted(PeerState& p, int staging, bool signaled) {
+    p.posted.push_back({staging, signaled});
+    p.unsignaledRun = signaled ? 0 : p.unsignaledRun + 1;
+  }
+
   bool sendQueueFull(const PeerState& p) const {
-    return p.sendQueueUsed + 2 > static_cast<int>(mesh.qpParams().sendDepth);
+    return p.sendQueueUsed() + 2 > static_cast<int>(mesh.qpParams().sendDepth);
   }
 
   // Sends one message: the header from a staging slot, the payload copied
@@ -231,6 +256,8 @@ struct Engine::Impl {
         .remoteAddr = p.remoteBase + static_cast<uint64_t>(remote) * options.slotBytes,
         .rkey = p.rkey,
         .imm = static_cast<uint32_t>(remote)};
+    // A zero-copy write's completion lets its operation finish: always signaled.
+    w.signaled = registration != nullptr || mustSignal(p, true);
     if (registration) {
       w.local2 = data;
       w.lkey2 = registration->lkey;
@@ -247,7 +274,7 @@ struct Engine::Impl {
     }
     p.freeRemote.pop_front();
     p.freeStaging.pop_back();
-    ++p.sendQueueUsed;
+    posted(p, staging, w.signaled);
     if (logEnabled(LogLevel::Trace))
       log(LogLevel::Trace, "-> rank {} slot {}: {}{}", peer, remote, describe(header),
           p.slotWrites[static_cast<size_t>(staging)].owner ? " (zero-copy)" : "");
@@ -285,13 +312,14 @@ struct Engine::Impl {
       verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(peer), 0}),
                             .remoteAddr = p.remoteBase,
                             .rkey = p.rkey,
-                            .imm = kCreditBit | static_cast<uint32_t>(p.pendingCredits.front())};
+                            .imm = kCreditBit | static_cast<uint32_t>(p.pendingCredits.front()),
+                            .signaled = mustSignal(p, false)};
       if (int rc = verbs::postWrite(p.qp, w); rc != 0) {
         throw verbs::verbsError("ibv_post_send", rc,
                                 fmt::format("returning a credit to rank {}", peer));
       }
       p.pendingCredits.pop_front();
-      ++p.sendQueueUsed;
+      posted(p, -1, w.signaled);
       any = true;
     }
     return any;
@@ -324,22 +352,29 @@ struct Engine::Impl {
         case WrKind::Recv:
           onReceive(peer, ntohl(wc.imm_data), wc.wr_id);
           break;
-        case WrKind::WriteImm: {
-          p.freeStaging.push_back(static_cast<int>(id.tag));
-          --p.sendQueueUsed;
-          SlotWrite& zc = p.slotWrites[id.tag];
-          if (zc.owner) {
-            zc.owner->done(zc.data, zc.bytes);
-            zc = SlotWrite{};
-          }
-          break;
-        }
         default:
-          --p.sendQueueUsed;
+          writesCompleted(p);
           break;
       }
     }
     return n > 0;
+  }
+
+  // A signaled write completed: so did every write posted before it.
+  void writesCompleted(PeerState& p) {
+    while (!p.posted.empty()) {
+      PeerState::Posted w = p.posted.front();
+      p.posted.pop_front();
+      if (w.staging >= 0) {
+        p.freeStaging.push_back(w.staging);
+        SlotWrite& zc = p.slotWrites[static_cast<size_t>(w.staging)];
+        if (zc.owner) {
+          zc.owner->done(zc.data, zc.bytes);
+          zc = SlotWrite{};
+        }
+      }
+      if (w.signaled) return;
+    }
   }
 
   void onReceive(int peer, uint32_t imm, uint64_t wrId) {
@@ -979,13 +1014,24 @@ struct Engine::Impl {
     auto outstanding = [&] {
       for (int peer = 0; peer < size; ++peer) {
         if (peer != rank && !dead[static_cast<size_t>(peer)] &&
-            peers[static_cast<size_t>(peer)].sendQueueUsed > 0) {
+            peers[static_cast<size_t>(peer)].sendQueueUsed() > 0) {
           return true;
         }
       }
       return false;
     };
     try {
+      // Unsignaled writes at the end are seen landing through a signaled
+      // zero-byte write behind them (no immediate: it consumes no receive).
+      for (int peer = 0; peer < size; ++peer) {
+        PeerState& p = peers[static_cast<size_t>(peer)];
+        if (peer == rank || dead[static_cast<size_t>(peer)] || p.unsignaledRun == 0) continue;
+        verbs::WriteRequest w{
+            .wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(peer), 0}),
+            .remoteAddr = p.remoteBase,
+            .rkey = p.rkey};
+        if (verbs::postWrite(p.qp, w) == 0) posted(p, -1, true);
+      }
       while (outstanding() && Clock::now() < deadline) {
         if (!pollCompletions()) std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
