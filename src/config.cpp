@@ -41,7 +41,8 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_IB_SL", Int, "0", "",
     "InfiniBand service level", 0, 15},
   OptionSpec{"RDMACC_QPS_PER_PEER", Int, "1", "",
-    "reliable-connected queue pairs per peer", 1, 16},
+    "reliable-connected queue pairs per peer; collective chunks are striped over them (point-to-point "
+    "messages keep to the first)", 1, 16},
   OptionSpec{"RDMACC_QP_SEND_DEPTH", Int, "256", "WRs",
     "send queue depth of each queue pair", 16, 16384},
   OptionSpec{"RDMACC_QP_RECV_DEPTH", Int, "256", "WRs",

@@ -57,8 +57,8 @@ struct Header {
   uint32_t sequence = 0;  // collective sequence number, or the p2p tag
   uint32_t step = 0;      // collective step, or the p2p chunk index
   uint32_t payload = 0;   // bytes after the header
-  uint32_t unused = 0;
-  uint64_t check = 0;  // collective: the op's check value; p2p: message bytes
+  uint32_t chunk = 0;     // collective: the message's index within its step's transfer
+  uint64_t check = 0;     // collective: the op's check value; p2p: message bytes
   // Credits riding along: bit i hands the receiver its slot i in our region
   // back, saving a credit message (slots 0..63; higher ones go explicitly).
   uint64_t credits = 0;
@@ -97,8 +97,27 @@ struct SlotWrite {
   size_t bytes = 0;
 };
 
-struct PeerState {
+// One queue pair to a peer. Writes posted and not yet known complete, in
+// posting order: most go unsignaled, and a signaled completion means every
+// write posted before it on the queue pair is complete too (RC order), so it
+// releases them all.
+struct Lane {
   ibv_qp* qp = nullptr;
+  struct Posted {
+    int staging = -1;  // -1: no staging slot (credits, fences)
+    bool signaled = false;
+  };
+  std::deque<Posted> posted;
+  int unsignaledRun = 0;  // unsignaled writes at the back of `posted`
+  int sendQueueUsed() const { return static_cast<int>(posted.size()); }
+};
+
+struct PeerState {
+  // RDMACC_QPS_PER_PEER lanes: collective chunks go round-robin over all of
+  // them (receivers match chunks by index, so they may overtake each other);
+  // point-to-point messages, credits and aborts keep to lane 0 and its order.
+  std::vector<Lane> lanes;
+  size_t nextLane = 0;
   uint64_t remoteBase = 0;  // where this rank's slots start in the peer's region
   uint32_t rkey = 0;
   std::deque<int> freeRemote;         // the peer's slots we may write (our credits)
@@ -106,17 +125,6 @@ struct PeerState {
   std::vector<SlotWrite> slotWrites;  // by staging slot: zero-copy payloads in flight
   std::deque<Incoming> inbox;         // arrived, not yet consumed
   std::deque<int> pendingCredits;     // consumed slots not yet handed back to the peer
-  // Writes posted and not yet known complete, in posting order (-1: no staging
-  // slot). Most go unsignaled: a signaled completion means every write posted
-  // before it on the queue pair is complete too (RC order), so it releases
-  // them all. Its size is the send queue's use.
-  struct Posted {
-    int staging = -1;
-    bool signaled = false;
-  };
-  std::deque<Posted> posted;
-  int unsignaledRun = 0;  // unsignaled writes at the back of `posted`
-  int sendQueueUsed() const { return static_cast<int>(posted.size()); }
 };
 
 struct Active {
@@ -212,19 +220,19 @@ struct Engine::Impl {
   // and every write is signaled once few staging slots or send queue entries
   // are left, so slots held by unsignaled writes are always released soon.
   int signalRun() const { return std::max(1, options.slotsPerPeer / 4); }
-  bool mustSignal(const PeerState& p, bool usesStaging) const {
+  bool mustSignal(const PeerState& p, const Lane& lane, bool usesStaging) const {
     int run = signalRun();
-    return p.unsignaledRun + 1 >= run ||
+    return lane.unsignaledRun + 1 >= run ||
            (usesStaging && static_cast<int>(p.freeStaging.size()) <= run) ||
-           p.sendQueueUsed() + run + 2 >= static_cast<int>(mesh.qpParams().sendDepth);
+           lane.sendQueueUsed() + run + 2 >= static_cast<int>(mesh.qpParams().sendDepth);
   }
-  void posted(PeerState& p, int staging, bool signaled) {
-    p.posted.push_back({staging, signaled});
-    p.unsignaledRun = signaled ? 0 : p.unsignaledRun + 1;
+  static void posted(Lane& lane, int staging, bool signaled) {
+    lane.posted.push_back({staging, signaled});
+    lane.unsignaledRun = signaled ? 0 : lane.unsignaledRun + 1;
   }
 
-  bool sendQueueFull(const PeerState& p) const {
-    return p.sendQueueUsed() + 2 > static_cast<int>(mesh.qpParams().sendDepth);
+  bool sendQueueFull(const Lane& lane) const {
+    return lane.sendQueueUsed() + 2 > static_cast<int>(mesh.qpParams().sendDepth);
   }
 
   // Sends one message: the header from a staging slot, the payload copied
@@ -233,7 +241,9 @@ struct Engine::Impl {
   bool trySend(int peer, const Header& header, const uint8_t* data,
                const std::shared_ptr<ZeroCopyWrites>& owner = nullptr) {
     PeerState& p = peers[static_cast<size_t>(peer)];
-    if (p.freeRemote.empty() || p.freeStaging.empty() || sendQueueFull(p)) return false;
+    size_t laneIndex = header.kind == MessageKind::Collective ? p.nextLane : 0;
+    Lane& lane = p.lanes[laneIndex];
+    if (p.freeRemote.empty() || p.freeStaging.empty() || sendQueueFull(lane)) return false;
     int remote = p.freeRemote.front();
     int staging = p.freeStaging.back();
     uint8_t* slot = stagingSlot(peer, staging);
@@ -248,8 +258,8 @@ struct Engine::Impl {
       std::memcpy(slot + kHeaderBytes, data, header.payload);
     }
     verbs::WriteRequest w{
-        .wrId = pack(
-            WrId{WrKind::WriteImm, 0, static_cast<uint16_t>(peer), static_cast<uint32_t>(staging)}),
+        .wrId = pack(WrId{WrKind::WriteImm, static_cast<uint8_t>(laneIndex),
+                          static_cast<uint16_t>(peer), static_cast<uint32_t>(staging)}),
         .local = slot,
         .lkey = stagingMr->lkey,
         .length = static_cast<uint32_t>(kHeaderBytes + (registration ? 0 : header.payload)),
@@ -257,16 +267,17 @@ struct Engine::Impl {
         .rkey = p.rkey,
         .imm = static_cast<uint32_t>(remote)};
     // A zero-copy write's completion lets its operation finish: always signaled.
-    w.signaled = registration != nullptr || mustSignal(p, true);
+    w.signaled = registration != nullptr || mustSignal(p, lane, true);
     if (registration) {
       w.local2 = data;
       w.lkey2 = registration->lkey;
       w.length2 = header.payload;
     }
-    if (int rc = verbs::postWrite(p.qp, w); rc != 0) {
+    if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
       throw verbs::verbsError("ibv_post_send", rc,
                               fmt::format("posting a message to rank {}", peer));
     }
+    if (header.kind == MessageKind::Collective) p.nextLane = (p.nextLane + 1) % p.lanes.size();
     if (registration) {
       owner->ranges.emplace_back(data, header.payload);
       p.slotWrites[static_cast<size_t>(staging)] =
@@ -274,10 +285,10 @@ struct Engine::Impl {
     }
     p.freeRemote.pop_front();
     p.freeStaging.pop_back();
-    posted(p, staging, w.signaled);
+    posted(lane, staging, w.signaled);
     if (logEnabled(LogLevel::Trace))
-      log(LogLevel::Trace, "-> rank {} slot {}: {}{}", peer, remote, describe(header),
-          p.slotWrites[static_cast<size_t>(staging)].owner ? " (zero-copy)" : "");
+      log(LogLevel::Trace, "-> rank {} slot {} lane {}: {}{}", peer, remote, laneIndex,
+          describe(header), p.slotWrites[static_cast<size_t>(staging)].owner ? " (zero-copy)" : "");
     return true;
   }
 
@@ -307,19 +318,20 @@ struct Engine::Impl {
 
   bool flushCredits(int peer) {
     PeerState& p = peers[static_cast<size_t>(peer)];
+    Lane& lane = p.lanes[0];
     bool any = false;
-    while (!p.pendingCredits.empty() && !sendQueueFull(p)) {
+    while (!p.pendingCredits.empty() && !sendQueueFull(lane)) {
       verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(peer), 0}),
                             .remoteAddr = p.remoteBase,
                             .rkey = p.rkey,
                             .imm = kCreditBit | static_cast<uint32_t>(p.pendingCredits.front()),
-                            .signaled = mustSignal(p, false)};
-      if (int rc = verbs::postWrite(p.qp, w); rc != 0) {
+                            .signaled = mustSignal(p, lane, false)};
+      if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
         throw verbs::verbsError("ibv_post_send", rc,
                                 fmt::format("returning a credit to rank {}", peer));
       }
       p.pendingCredits.pop_front();
-      posted(p, -1, w.signaled);
+      posted(lane, -1, w.signaled);
       any = true;
     }
     return any;
@@ -350,10 +362,10 @@ struct Engine::Impl {
       PeerState& p = peers[static_cast<size_t>(peer)];
       switch (id.kind) {
         case WrKind::Recv:
-          onReceive(peer, ntohl(wc.imm_data), wc.wr_id);
+          onReceive(peer, id.qp, ntohl(wc.imm_data), wc.wr_id);
           break;
         default:
-          writesCompleted(p);
+          writesCompleted(p, p.lanes[id.qp]);
           break;
       }
     }
@@ -361,10 +373,10 @@ struct Engine::Impl {
   }
 
   // A signaled write completed: so did every write posted before it.
-  void writesCompleted(PeerState& p) {
-    while (!p.posted.empty()) {
-      PeerState::Posted w = p.posted.front();
-      p.posted.pop_front();
+  void writesCompleted(PeerState& p, Lane& lane) {
+    while (!lane.posted.empty()) {
+      Lane::Posted w = lane.posted.front();
+      lane.posted.pop_front();
       if (w.staging >= 0) {
         p.freeStaging.push_back(w.staging);
         SlotWrite& zc = p.slotWrites[static_cast<size_t>(w.staging)];
@@ -377,9 +389,9 @@ struct Engine::Impl {
     }
   }
 
-  void onReceive(int peer, uint32_t imm, uint64_t wrId) {
+  void onReceive(int peer, size_t laneIndex, uint32_t imm, uint64_t wrId) {
     PeerState& p = peers[static_cast<size_t>(peer)];
-    if (int rc = verbs::postEmptyRecvs(p.qp, wrId, 1); rc != 0) {
+    if (int rc = verbs::postEmptyRecvs(p.lanes[laneIndex].qp, wrId, 1); rc != 0) {
       throw verbs::verbsError("ibv_post_recv", rc,
                               fmt::format("reposting a receive for rank {}", peer));
     }
@@ -510,10 +522,29 @@ struct Engine::Impl {
 
   using InboxIt = std::deque<Incoming>::iterator;
 
-  std::optional<InboxIt> firstCollective(int peer) {
+  // The message with chunk `index` of the current step from peer, if it
+  // arrived. Chunks may overtake each other across lanes and a peer may be a
+  // step or an operation ahead, so the inbox is searched by key; a message of
+  // this operation that disagrees on what the operation is (or one of an
+  // earlier operation) is a mismatch: the ranks called different collectives.
+  std::optional<InboxIt> findCollective(const Active& a, int peer, uint32_t index, size_t payload) {
+    const Operation& op = *a.op;
+    auto sequence = static_cast<uint32_t>(op.sequence);
     auto& box = peers[static_cast<size_t>(peer)].inbox;
     for (auto it = box.begin(); it != box.end(); ++it) {
-      if (it->header.kind == MessageKind::Collective) return it;
+      const Header& h = it->header;
+      if (h.kind != MessageKind::Collective) continue;
+      if (h.sequence != sequence) {
+        if (static_cast<int32_t>(h.sequence - sequence) < 0) mismatch(a, peer, h, payload);
+        continue;  // a later operation's: it waits
+      }
+      if (h.opType != static_cast<uint8_t>(op.type) || h.check != op.checkValue) {
+        mismatch(a, peer, h, payload);
+      }
+      if (h.step == a.step && h.chunk == index) {
+        if (h.payload != payload) mismatch(a, peer, h, payload);
+        return it;
+      }
     }
     return std::nullopt;
   }
@@ -573,6 +604,7 @@ struct Engine::Impl {
                    .sequence = static_cast<uint32_t>(op.sequence),
                    .step = static_cast<uint32_t>(a.step),
                    .payload = static_cast<uint32_t>(payload),
+                   .chunk = static_cast<uint32_t>(a.sentMessages[i]),
                    .check = op.checkValue};
           if (!trySend(send.peer, h, op.sendBase + send.range.offset + a.sent[i], a.zeroCopy)) {
             break;
@@ -591,16 +623,11 @@ struct Engine::Impl {
               a.sentMessages[static_cast<size_t>(recv.afterSend)] <= a.receivedMessages[j]) {
             break;  // that chunk is still to be sent from the bytes we would overwrite
           }
-          auto found = firstCollective(recv.peer);
+          size_t payload = std::min(chunk, bytes - a.received[j]);
+          auto found =
+              findCollective(a, recv.peer, static_cast<uint32_t>(a.receivedMessages[j]), payload);
           if (!found) break;
           InboxIt in = *found;
-          size_t payload = std::min(chunk, bytes - a.received[j]);
-          const Header& h = in->header;
-          if (h.sequence != static_cast<uint32_t>(op.sequence) ||
-              h.opType != static_cast<uint8_t>(op.type) || h.step != a.step ||
-              h.check != op.checkValue || h.payload != payload) {
-            mismatch(a, recv.peer, h, payload);
-          }
           uint8_t* dst = op.recvBase + recv.range.offset + a.received[j];
           if (a.zeroCopy->overlaps(dst, payload)) break;  // a write still reads these bytes
           const uint8_t* src = recvSlot(recv.peer, in->slot) + kHeaderBytes;
@@ -1013,9 +1040,9 @@ struct Engine::Impl {
     auto deadline = Clock::now() + std::chrono::seconds(2);
     auto outstanding = [&] {
       for (int peer = 0; peer < size; ++peer) {
-        if (peer != rank && !dead[static_cast<size_t>(peer)] &&
-            peers[static_cast<size_t>(peer)].sendQueueUsed() > 0) {
-          return true;
+        if (peer == rank || dead[static_cast<size_t>(peer)]) continue;
+        for (const Lane& lane : peers[static_cast<size_t>(peer)].lanes) {
+          if (lane.sendQueueUsed() > 0) return true;
         }
       }
       return false;
@@ -1025,12 +1052,16 @@ struct Engine::Impl {
       // zero-byte write behind them (no immediate: it consumes no receive).
       for (int peer = 0; peer < size; ++peer) {
         PeerState& p = peers[static_cast<size_t>(peer)];
-        if (peer == rank || dead[static_cast<size_t>(peer)] || p.unsignaledRun == 0) continue;
-        verbs::WriteRequest w{
-            .wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(peer), 0}),
-            .remoteAddr = p.remoteBase,
-            .rkey = p.rkey};
-        if (verbs::postWrite(p.qp, w) == 0) posted(p, -1, true);
+        if (peer == rank || dead[static_cast<size_t>(peer)]) continue;
+        for (size_t i = 0; i < p.lanes.size(); ++i) {
+          Lane& lane = p.lanes[i];
+          if (lane.unsignaledRun == 0) continue;
+          verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, static_cast<uint8_t>(i),
+                                                  static_cast<uint16_t>(peer), 0}),
+                                .remoteAddr = p.remoteBase,
+                                .rkey = p.rkey};
+          if (verbs::postWrite(lane.qp, w) == 0) posted(lane, -1, true);
+        }
       }
       while (outstanding() && Clock::now() < deadline) {
         if (!pollCompletions()) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -1096,7 +1127,8 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
           .hint = "set RDMACC_SLOTS_PER_PEER and RDMACC_SLOT_BYTES the same on every rank"});
     }
     PeerState& p = s.peers[static_cast<size_t>(peer)];
-    p.qp = mesh.qp(peer, 0);
+    p.lanes.resize(static_cast<size_t>(mesh.qpsPerPeer()));
+    for (size_t i = 0; i < p.lanes.size(); ++i) p.lanes[i].qp = mesh.qp(peer, static_cast<int>(i));
     p.remoteBase = base + static_cast<uint64_t>(s.rank) * static_cast<uint64_t>(slots) * slotBytes;
     p.rkey = rkey;
     for (int i = 0; i < slots; ++i) {
