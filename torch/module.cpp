@@ -22,7 +22,13 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("world_size"),
            py::arg("timeout") = std::chrono::duration<float>(1800.0f),
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      .def("register_memory", &rdmacc_torch::ProcessGroupRdmacc::registerTensor, py::arg("tensor"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Registers the tensor's memory with the device: messages sent from it skip the "
+           "staging copy (zero-copy). Deregister before its storage is freed.")
+      .def("deregister_memory", &rdmacc_torch::ProcessGroupRdmacc::deregisterTensor,
+           py::arg("tensor"), py::call_guard<py::gil_scoped_release>());
 
   // Forming the group waits for every rank: let other Python threads run.
   m.def(

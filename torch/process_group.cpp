@@ -399,6 +399,16 @@ void ProcessGroupRdmacc::setSequenceNumberForGroup() {
   backend_->setSequenceNumberForGroup();
 }
 
+void ProcessGroupRdmacc::registerTensor(const at::Tensor& tensor) {
+  rdmacc::Tensor t = view(tensor, "register_memory");
+  backend_->registerMemory(t.data, t.bytes());
+}
+
+void ProcessGroupRdmacc::deregisterTensor(const at::Tensor& tensor) {
+  rdmacc::Tensor t = view(tensor, "deregister_memory");
+  backend_->deregisterMemory(t.data);
+}
+
 uint64_t ProcessGroupRdmacc::getSequenceNumberForGroup() {
   return backend_->getSequenceNumberForGroup();
 }

@@ -81,6 +81,11 @@ class ProcessGroupRdmacc final : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  // Zero-copy for tensors reused across many operations (VerbsBackend::
+  // registerMemory): deregister before the tensor's storage is freed.
+  void registerTensor(const at::Tensor& tensor);
+  void deregisterTensor(const at::Tensor& tensor);
+
  private:
   std::shared_ptr<rdmacc::VerbsBackend> backend_;
 };

@@ -366,6 +366,33 @@ def extras(members):
     same("sequence numbers agree", allseq, [allseq[0]] * len(members))
 
 
+def registered(gloo):
+    """Zero-copy from a registered tensor (64 KiB chunks: at least one message
+    above RDMACC_ZERO_COPY_MIN_BYTES), reused across operations, then released."""
+    pg = dist.distributed_c10d._get_default_group()
+    n = 100_000
+    t = torch.zeros(n, dtype=torch.float32)
+    pg.register_memory(t)
+    for step in range(3):
+        t.copy_(values((n,), torch.float32, 500 + step))
+        want = t.clone()
+        dist.all_reduce(want, group=gloo)
+        dist.all_reduce(t)
+        same(f"all_reduce from registered memory, round {step}", t, want)
+    t.copy_(values((n,), torch.float32, 600))
+    want = t.clone()
+    dist.broadcast(want, 0, group=gloo)
+    dist.broadcast(t, 0)
+    same("broadcast from registered memory", t, want)
+    pg.deregister_memory(t)
+    try:
+        pg.deregister_memory(t)
+        fail("deregistering twice did not raise")
+    except RuntimeError as e:
+        if "was not registered" not in str(e):
+            fail(f"deregistering twice: unclear message: {e}")
+
+
 def main():
     # the underscore and *_coalesced forms warn that they will be renamed
     warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
@@ -377,6 +404,7 @@ def main():
     suite(None, gloo, world, DTYPES, SIZES)
     errors_are_clear()
     extras(world)
+    registered(gloo)
     # A subgroup: every rank but rank 1 (ranks 0 and 1 on two ranks).
     sub = [r for r in world if r != 1] if size > 2 else world
     sub_rdmacc = dist.new_group(sub, backend="rdmacc", timeout=TIMEOUT)
