@@ -727,7 +727,8 @@ int runCollective(const Args& args) {
       std::ofstream out(args.json);
       out << "{\"collective\": \"" << args.collective << "\", \"ranks\": " << backend->getSize()
           << ", \"dtype\": \"" << toString(args.dtype) << "\", \"op\": \"" << toString(args.op)
-          << "\", \"rows\": [";
+          << "\", \"algorithm\": \"" << toString(args.algorithm)
+          << "\", \"registered\": " << (args.registerBuffers ? "true" : "false") << ", \"rows\": [";
       for (size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
         out << (i ? ", " : "")
