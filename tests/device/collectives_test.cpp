@@ -544,6 +544,39 @@ TEST(PointToPoint, SendRecvWithTagsInAnyOrder) {
   r0->wait();
 }
 
+// A wait with a timeout returns when it expires even while the waiting thread
+// drives progress itself, and the operation carries on.
+TEST(PointToPoint, WaitTimeoutExpiresAndTheOperationContinues) {
+  if (N < 2) GTEST_SKIP() << "needs two ranks";
+  if (R == 0) {
+    Buffer got(DataType::Int32, 5);
+    std::vector<Tensor> t{got.tensor()};
+    auto w = gBackend->recv(t, 1, 78);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      w->wait(100ms);
+      ADD_FAILURE() << "the wait returned before rank 1 sent";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Timeout) << e.what();
+    }
+    auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(took, 100ms);
+    EXPECT_LT(took, 5s);
+    EXPECT_FALSE(w->isCompleted());
+    gBackend->barrier()->wait();  // rank 1 sends after this
+    w->wait();
+    expectValues(got, DataType::Int32, 1, 0, 5, 7200, "recv after a timed-out wait");
+  } else {
+    gBackend->barrier()->wait();
+    if (R == 1) {
+      Buffer mine = contribution(DataType::Int32, ReduceOp::Sum, 5, R, 7200);
+      std::vector<Tensor> t{mine.tensor()};
+      gBackend->send(t, 0, 78)->wait();
+    }
+  }
+  gBackend->barrier()->wait();
+}
+
 TEST(PointToPoint, RecvAnysourceReportsTheSource) {
   if (N < 2) GTEST_SKIP() << "needs two ranks";
   // Everyone else sends its rank to rank 0.
