@@ -924,17 +924,29 @@ struct Engine::Impl {
       if (guardedStep()) return;  // a completion may have landed before the arm
       idle = mayIdle && collectives.empty() && pointToPoint.empty() && departures.empty();
     }
+    waitForEvents(/*completions=*/true,
+                  idle ? std::nullopt : std::optional<std::chrono::microseconds>(maxWait));
+    std::lock_guard lock(progressMutex);
+    mesh.cq().drainEvents();
+  }
+
+  // Blocks until a wake-up (eventfd), with `completions` also a completion or
+  // an rdma_cm event, or `limit`; consumes the wake-up.
+  void waitForEvents(bool completions, std::optional<std::chrono::microseconds> limit) {
     std::array<pollfd, 3> fds{
-        {{mesh.cq().fd(), POLLIN, 0}, {wakeFd.get(), POLLIN, 0}, {mesh.eventFd(), POLLIN, 0}}};
-    timespec ts{.tv_sec = maxWait.count() / 1000000, .tv_nsec = maxWait.count() % 1000000 * 1000};
-    ::ppoll(fds.data(), fds[2].fd >= 0 ? 3 : 2, idle ? nullptr : &ts, nullptr);
-    if (fds[1].revents & POLLIN) {
+        {{wakeFd.get(), POLLIN, 0}, {mesh.cq().fd(), POLLIN, 0}, {mesh.eventFd(), POLLIN, 0}}};
+    nfds_t count = !completions ? 1 : fds[2].fd >= 0 ? 3 : 2;
+    timespec ts{};
+    if (limit) {
+      ts.tv_sec = limit->count() / 1000000;
+      ts.tv_nsec = limit->count() % 1000000 * 1000;
+    }
+    if (::ppoll(fds.data(), count, limit ? &ts : nullptr, nullptr) > 0 &&
+        (fds[0].revents & POLLIN)) {
       uint64_t v = 0;
       ssize_t ignored = ::read(wakeFd.get(), &v, sizeof v);
       (void)ignored;
     }
-    std::lock_guard lock(progressMutex);
-    mesh.cq().drainEvents();
   }
 
   // step() with failures turned into a broken group. Under progressMutex.
@@ -1024,15 +1036,7 @@ struct Engine::Impl {
   }
 
   // While drivers make progress: wait for a wake-up or `pause`.
-  void park(std::chrono::microseconds pause) {
-    pollfd fd{wakeFd.get(), POLLIN, 0};
-    timespec ts{.tv_sec = pause.count() / 1000000, .tv_nsec = pause.count() % 1000000 * 1000};
-    if (::ppoll(&fd, 1, &ts, nullptr) > 0) {
-      uint64_t v = 0;
-      ssize_t ignored = ::read(wakeFd.get(), &v, sizeof v);
-      (void)ignored;
-    }
-  }
+  void park(std::chrono::microseconds pause) { waitForEvents(/*completions=*/false, pause); }
 
   // Before the queue pairs go away, let the writes already posted land: a
   // peer may still be waiting for our last message of a completed operation.
