@@ -49,8 +49,9 @@ constexpr std::array kOptions = {
     "receive queue depth of each queue pair", 16, 16384},
   OptionSpec{"RDMACC_SLOTS_PER_PEER", Int, "16", "slots",
     "staging slots per peer and direction: messages in flight to one peer (credits)", 1, 4096},
-  OptionSpec{"RDMACC_SLOT_BYTES", Int, "65536", "bytes",
-    "size of one staging slot (64-byte header + payload); larger transfers are pipelined in chunks of this size", 128, 1 << 30},
+  OptionSpec{"RDMACC_SLOT_BYTES", Int, "0", "bytes",
+    "size of one staging slot (64-byte header + payload); larger transfers are pipelined in chunks of this size; "
+    "0: automatic, the largest power of two from 256 KiB down to 16 KiB with 2 x (ranks - 1) x slots x size <= 32 MiB", 0, 1 << 30},
   OptionSpec{"RDMACC_REGISTRATION_CACHE", Bool, "1", "",
     "use memory registered with VerbsBackend::registerMemory for zero-copy sends; 0: always copy through the staging slots", 0, 0},
   OptionSpec{"RDMACC_ZERO_COPY_MIN_BYTES", Int, "16384", "bytes",

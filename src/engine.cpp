@@ -198,14 +198,19 @@ struct Engine::Impl {
 
   Impl(Mesh& m, EngineOptions o) : mesh(m), options(std::move(o)), rank(m.rank()), size(m.size()) {}
 
-  uint8_t* recvSlot(int peer, int slot) {
-    return recvRegion.data() +
-           (static_cast<size_t>(peer) * options.slotsPerPeer + slot) * options.slotBytes;
+  // Both regions hold slotsPerPeer slots for every other rank, in rank order
+  // without this one: peerIndex(owner, peer) is where peer's slots sit in
+  // owner's region.
+  static size_t peerIndex(int owner, int peer) {
+    return static_cast<size_t>(peer < owner ? peer : peer - 1);
   }
-  uint8_t* stagingSlot(int peer, int slot) {
-    return stagingRegion.data() +
-           (static_cast<size_t>(peer) * options.slotsPerPeer + slot) * options.slotBytes;
+  size_t slotOffset(int peer, int slot) const {
+    return (peerIndex(rank, peer) * static_cast<size_t>(options.slotsPerPeer) +
+            static_cast<size_t>(slot)) *
+           options.slotBytes;
   }
+  uint8_t* recvSlot(int peer, int slot) { return recvRegion.data() + slotOffset(peer, slot); }
+  uint8_t* stagingSlot(int peer, int slot) { return stagingRegion.data() + slotOffset(peer, slot); }
   size_t messages(size_t bytes) const { return bytes == 0 ? 1 : (bytes + chunk - 1) / chunk; }
 
   void wake() {
@@ -1076,14 +1081,28 @@ struct Engine::Impl {
   }
 };
 
+size_t autoSlotBytes(int worldSize, int slotsPerPeer) {
+  constexpr size_t kBudget = size_t{32} << 20;  // both regions together
+  constexpr size_t kMin = size_t{16} << 10;
+  size_t bytes = size_t{256} << 10;
+  size_t perSlotOfEveryPeer = 2 * static_cast<size_t>(std::max(worldSize - 1, 1)) *
+                              static_cast<size_t>(std::max(slotsPerPeer, 1));
+  while (bytes > kMin && bytes * perSlotOfEveryPeer > kBudget) bytes /= 2;
+  return bytes;
+}
+
 Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
     : impl_(std::make_unique<Impl>(mesh, options)) {
   Impl& s = *impl_;
+  if (options.slotBytes == 0) {
+    options.slotBytes = autoSlotBytes(s.size, options.slotsPerPeer);
+    s.options.slotBytes = options.slotBytes;
+  }
   if (options.slotBytes < 2 * kHeaderBytes || options.slotBytes % 64 != 0 ||
       options.slotBytes > (1u << 30)) {
     throw Error(ErrorKind::InvalidArgument,
                 fmt::format("slot size {} is not usable", options.slotBytes),
-                "RDMACC_SLOT_BYTES must be a multiple of 64 between 128 and 1 GiB");
+                "RDMACC_SLOT_BYTES must be 0 (automatic) or a multiple of 64 between 128 and 1 GiB");
   }
   const auto recvDepth = mesh.qpParams().recvDepth;
   const auto sendDepth = mesh.qpParams().sendDepth;
@@ -1095,8 +1114,10 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
         "raise RDMACC_QP_SEND_DEPTH/RDMACC_QP_RECV_DEPTH or lower RDMACC_SLOTS_PER_PEER");
   }
   s.chunk = options.slotBytes - kHeaderBytes;
-  size_t region =
-      static_cast<size_t>(s.size) * static_cast<size_t>(options.slotsPerPeer) * options.slotBytes;
+  // A group of one has no peers; its regions are a token slot.
+  size_t region = s.size == 1 ? options.slotBytes
+                              : static_cast<size_t>(s.size - 1) *
+                                    static_cast<size_t>(options.slotsPerPeer) * options.slotBytes;
   s.recvRegion = PageBuffer(region);
   s.stagingRegion = PageBuffer(region);
   s.recvMr =
@@ -1133,7 +1154,7 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
     PeerState& p = s.peers[static_cast<size_t>(peer)];
     p.lanes.resize(static_cast<size_t>(mesh.qpsPerPeer()));
     for (size_t i = 0; i < p.lanes.size(); ++i) p.lanes[i].qp = mesh.qp(peer, static_cast<int>(i));
-    p.remoteBase = base + static_cast<uint64_t>(s.rank) * static_cast<uint64_t>(slots) * slotBytes;
+    p.remoteBase = base + Impl::peerIndex(peer, s.rank) * static_cast<uint64_t>(slots) * slotBytes;
     p.rkey = rkey;
     for (int i = 0; i < slots; ++i) {
       p.freeRemote.push_back(i);

@@ -56,13 +56,19 @@ struct Operation {
 struct EngineOptions {
   std::string group;
   int slotsPerPeer = 16;
-  size_t slotBytes = 64 * 1024;
+  size_t slotBytes = 0;  // 0: autoSlotBytes(world size, slotsPerPeer)
   std::chrono::microseconds spin{50};  // busy-poll this long before sleeping
   // Memory the user registered: payloads of at least zeroCopyMinBytes in it
   // are sent without the staging copy. Null: always copy.
   const RegistrationCache* registrations = nullptr;
   size_t zeroCopyMinBytes = 16384;
 };
+
+// The staging slot size when none is configured: large slots (fewer, larger
+// RDMA writes and a deeper window per peer) as long as both slot regions
+// (2 x (worldSize - 1) x slotsPerPeer x bytes) fit in 32 MiB; a power of two
+// from 256 KiB down to 16 KiB. The same on every rank of a group.
+size_t autoSlotBytes(int worldSize, int slotsPerPeer);
 
 // Threading: submit() and abort() from any thread; everything else belongs to
 // the engine's own thread.
