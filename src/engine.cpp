@@ -1100,9 +1100,9 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
   }
   if (options.slotBytes < 2 * kHeaderBytes || options.slotBytes % 64 != 0 ||
       options.slotBytes > (1u << 30)) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("slot size {} is not usable", options.slotBytes),
-                "RDMACC_SLOT_BYTES must be 0 (automatic) or a multiple of 64 between 128 and 1 GiB");
+    throw Error(
+        ErrorKind::InvalidArgument, fmt::format("slot size {} is not usable", options.slotBytes),
+        "RDMACC_SLOT_BYTES must be 0 (automatic) or a multiple of 64 between 128 and 1 GiB");
   }
   const auto recvDepth = mesh.qpParams().recvDepth;
   const auto sendDepth = mesh.qpParams().sendDepth;
