@@ -103,6 +103,7 @@ struct SlotWrite {
 // releases them all.
 struct Lane {
   ibv_qp* qp = nullptr;
+  uint32_t maxInline = 0;  // what the device granted: messages this small go inline
   struct Posted {
     int staging = -1;  // -1: no staging slot (credits, fences)
     bool signaled = false;
@@ -271,8 +272,11 @@ struct Engine::Impl {
         .remoteAddr = p.remoteBase + static_cast<uint64_t>(remote) * options.slotBytes,
         .rkey = p.rkey,
         .imm = static_cast<uint32_t>(remote)};
+    // Small messages go inline: the provider copies them into the work
+    // request, so the staging slot is free again as soon as the post returns.
+    w.inlineData = !registration && w.length <= lane.maxInline;
     // A zero-copy write's completion lets its operation finish: always signaled.
-    w.signaled = registration != nullptr || mustSignal(p, lane, true);
+    w.signaled = registration != nullptr || mustSignal(p, lane, !w.inlineData);
     if (registration) {
       w.local2 = data;
       w.lkey2 = registration->lkey;
@@ -289,8 +293,12 @@ struct Engine::Impl {
           SlotWrite{std::move(registration), owner, data, header.payload};
     }
     p.freeRemote.pop_front();
-    p.freeStaging.pop_back();
-    posted(lane, staging, w.signaled);
+    if (w.inlineData) {
+      posted(lane, -1, w.signaled);
+    } else {
+      p.freeStaging.pop_back();
+      posted(lane, staging, w.signaled);
+    }
     if (logEnabled(LogLevel::Trace))
       log(LogLevel::Trace, "-> rank {} slot {} lane {}: {}{}", peer, remote, laneIndex,
           describe(header), p.slotWrites[static_cast<size_t>(staging)].owner ? " (zero-copy)" : "");
@@ -1153,7 +1161,10 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
     }
     PeerState& p = s.peers[static_cast<size_t>(peer)];
     p.lanes.resize(static_cast<size_t>(mesh.qpsPerPeer()));
-    for (size_t i = 0; i < p.lanes.size(); ++i) p.lanes[i].qp = mesh.qp(peer, static_cast<int>(i));
+    for (size_t i = 0; i < p.lanes.size(); ++i) {
+      p.lanes[i].qp = mesh.qp(peer, static_cast<int>(i));
+      p.lanes[i].maxInline = verbs::maxInlineData(p.lanes[i].qp);
+    }
     p.remoteBase = base + Impl::peerIndex(peer, s.rank) * static_cast<uint64_t>(slots) * slotBytes;
     p.rkey = rkey;
     for (int i = 0; i < slots; ++i) {

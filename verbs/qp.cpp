@@ -75,8 +75,10 @@ QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params) {
   init.cap.max_recv_sge = 1;
   init.cap.max_inline_data = params.maxInline;
   QpPtr qp(ibv_create_qp(pd, &init));
-  if (!qp && params.maxInline > 0) {  // some devices allow no inline data at all
-    init.cap.max_inline_data = 0;
+  // Devices differ in how much inline data they allow (some none at all).
+  for (uint32_t fallback : {64u, 0u}) {
+    if (qp || init.cap.max_inline_data <= fallback) continue;
+    init.cap.max_inline_data = fallback;
     qp.reset(ibv_create_qp(pd, &init));
   }
   if (!qp) {
