@@ -44,7 +44,11 @@ constexpr auto kSleepSlice = std::chrono::microseconds(20000);
 // alone, without the engine thread competing for the lock and the CPU.
 constexpr auto kDriverLinger = std::chrono::microseconds(1000);
 
-enum class MessageKind : uint8_t { Collective = 1, PointToPoint = 2, Abort = 3 };
+// Advert: the sender of a collective receive may write it straight into the
+// receiver's registered destination (addr/rkey/length in the header) instead
+// of its slots; each such chunk still comes with a header (flag kDirect).
+enum class MessageKind : uint8_t { Collective = 1, PointToPoint = 2, Abort = 3, Advert = 4 };
+constexpr uint16_t kDirect = 1;  // Header::flags: the payload is already at its destination
 
 // At the start of every slot. The receiver checks it against what it expects,
 // which catches ranks that call collectives in a different order or with
@@ -53,7 +57,7 @@ struct Header {
   uint32_t magic = kMagic;
   MessageKind kind = MessageKind::Collective;
   uint8_t opType = 0;
-  uint16_t reserved = 0;
+  uint16_t flags = 0;
   uint32_t sequence = 0;  // collective sequence number, or the p2p tag
   uint32_t step = 0;      // collective step, or the p2p chunk index
   uint32_t payload = 0;   // bytes after the header
@@ -62,8 +66,12 @@ struct Header {
   // Credits riding along: bit i hands the receiver its slot i in our region
   // back, saving a credit message (slots 0..63; higher ones go explicitly).
   uint64_t credits = 0;
+  // Advert: where the receive of (sequence, step) from this peer may be written.
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+  uint32_t length = 0;
 };
-static_assert(sizeof(Header) == 40);
+static_assert(sizeof(Header) == 56);
 constexpr size_t kHeaderBytes = 64;  // payload stays 64-byte aligned
 
 struct Incoming {
@@ -101,6 +109,23 @@ struct SlotWrite {
 // posting order: most go unsignaled, and a signaled completion means every
 // write posted before it on the queue pair is complete too (RC order), so it
 // releases them all.
+// Where a peer lets this rank write a receive of its directly.
+struct Advert {
+  uint32_t sequence = 0;
+  uint32_t step = 0;
+  uint8_t opType = 0;
+  uint64_t check = 0;
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+  uint32_t length = 0;
+};
+
+// A remote write straight into a peer's advertised destination.
+struct DirectTarget {
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+};
+
 struct Lane {
   ibv_qp* qp = nullptr;
   uint32_t maxInline = 0;  // what the device granted: messages this small go inline
@@ -126,11 +151,19 @@ struct PeerState {
   std::vector<SlotWrite> slotWrites;  // by staging slot: zero-copy payloads in flight
   std::deque<Incoming> inbox;         // arrived, not yet consumed
   std::deque<int> pendingCredits;     // consumed slots not yet handed back to the peer
+  std::deque<Advert> adverts;         // the peer's direct-receive destinations, oldest first
 };
 
 struct Active {
   std::unique_ptr<Operation> op;
   std::shared_ptr<ZeroCopyWrites> zeroCopy = std::make_shared<ZeroCopyWrites>();
+  // Direct receives: the adverts still to send, which receives ([step][recv])
+  // peers may write directly, and the registrations that keep those
+  // destinations writable until the operation ends.
+  std::vector<std::pair<int, Header>> advertsToSend;
+  size_t advertsSent = 0;
+  std::vector<std::vector<char>> advertised;
+  std::vector<std::shared_ptr<const Registration>> exposed;
   bool started = false;
   bool finished = false;  // collectives: every step and the epilogue done
   size_t step = 0;
@@ -145,6 +178,10 @@ struct Active {
 std::string describe(const Header& h) {
   if (h.kind == MessageKind::PointToPoint) {
     return fmt::format("a send with tag {} ({} bytes)", h.sequence, h.check);
+  }
+  if (h.kind == MessageKind::Advert) {
+    return fmt::format("an advert for {} #{} step {} ({} bytes)",
+                       toString(static_cast<OpType>(h.opType)), h.sequence, h.step, h.length);
   }
   return fmt::format("{} #{} step {} (check {:#x}, {} bytes)",
                      toString(static_cast<OpType>(h.opType)), h.sequence, h.step, h.check,
@@ -170,6 +207,7 @@ struct Engine::Impl {
   Clock::time_point lastConnectionCheck{};
 
   std::deque<std::unique_ptr<Active>> collectives;  // the front one runs
+  std::optional<uint32_t> lastFinished;             // sequence of the last finished collective
   std::list<std::unique_ptr<Active>> pointToPoint;
   std::optional<Error> broken;
 
@@ -237,24 +275,32 @@ struct Engine::Impl {
     lane.unsignaledRun = signaled ? 0 : lane.unsignaledRun + 1;
   }
 
-  bool sendQueueFull(const Lane& lane) const {
-    return lane.sendQueueUsed() + 2 > static_cast<int>(mesh.qpParams().sendDepth);
+  // Whether `entries` more work requests would leave less than one for a fence.
+  bool sendQueueFull(const Lane& lane, int entries = 1) const {
+    return lane.sendQueueUsed() + entries + 1 > static_cast<int>(mesh.qpParams().sendDepth);
   }
 
   // Sends one message: the header from a staging slot, the payload copied
   // after it, or (zero-copy, when `owner` is given and the payload lies in
   // memory the user registered) gathered straight from the user's buffer.
+  // With a direct target the payload is first written to the peer's
+  // advertised destination and the header follows on the same queue pair (so
+  // it arrives after the data).
   bool trySend(int peer, const Header& header, const uint8_t* data,
-               const std::shared_ptr<ZeroCopyWrites>& owner = nullptr) {
+               const std::shared_ptr<ZeroCopyWrites>& owner = nullptr,
+               std::optional<DirectTarget> direct = std::nullopt) {
     PeerState& p = peers[static_cast<size_t>(peer)];
     size_t laneIndex = header.kind == MessageKind::Collective ? p.nextLane : 0;
     Lane& lane = p.lanes[laneIndex];
-    if (p.freeRemote.empty() || p.freeStaging.empty() || sendQueueFull(lane)) return false;
+    if (p.freeRemote.empty() || p.freeStaging.empty() || sendQueueFull(lane, direct ? 2 : 1)) {
+      return false;
+    }
     int remote = p.freeRemote.front();
     int staging = p.freeStaging.back();
     uint8_t* slot = stagingSlot(peer, staging);
     Header h = header;
     h.credits = takePiggybackCredits(p);
+    if (direct) h.flags |= kDirect;
     std::memcpy(slot, &h, sizeof h);
     std::shared_ptr<const Registration> registration;
     if (owner && options.registrations != nullptr && header.payload >= options.zeroCopyMinBytes) {
@@ -263,29 +309,49 @@ struct Engine::Impl {
     if (header.payload > 0 && !registration) {
       std::memcpy(slot + kHeaderBytes, data, header.payload);
     }
-    verbs::WriteRequest w{
-        .wrId = pack(WrId{WrKind::WriteImm, static_cast<uint8_t>(laneIndex),
-                          static_cast<uint16_t>(peer), static_cast<uint32_t>(staging)}),
+    const auto wrId = pack(WrId{WrKind::WriteImm, static_cast<uint8_t>(laneIndex),
+                                static_cast<uint16_t>(peer), static_cast<uint32_t>(staging)});
+    // The payload: after the header in the slot, or gathered from the user's
+    // registered buffer; to the slot, or (direct) to the peer's destination.
+    const void* payloadAt = registration ? data : slot + kHeaderBytes;
+    uint32_t payloadKey = registration ? registration->lkey : stagingMr->lkey;
+    std::array<verbs::WriteRequest, 2> wrs;
+    size_t count = 0;
+    if (direct && header.payload > 0) {
+      wrs[count++] = verbs::WriteRequest{.wrId = wrId,
+                                         .local = payloadAt,
+                                         .lkey = payloadKey,
+                                         .length = header.payload,
+                                         .remoteAddr = direct->addr,
+                                         .rkey = direct->rkey,
+                                         .signaled = false};
+    }
+    verbs::WriteRequest& w = wrs[count++];
+    w = verbs::WriteRequest{
+        .wrId = wrId,
         .local = slot,
         .lkey = stagingMr->lkey,
-        .length = static_cast<uint32_t>(kHeaderBytes + (registration ? 0 : header.payload)),
+        .length =
+            static_cast<uint32_t>(kHeaderBytes + (registration || direct ? 0 : header.payload)),
         .remoteAddr = p.remoteBase + static_cast<uint64_t>(remote) * options.slotBytes,
         .rkey = p.rkey,
         .imm = static_cast<uint32_t>(remote)};
     // Small messages go inline: the provider copies them into the work
-    // request, so the staging slot is free again as soon as the post returns.
-    w.inlineData = !registration && w.length <= lane.maxInline;
+    // request, so the staging slot is free again as soon as the post returns
+    // (not when a direct write still reads its payload from the slot).
+    w.inlineData = !registration && !direct && w.length <= lane.maxInline;
     // A zero-copy write's completion lets its operation finish: always signaled.
     w.signaled = registration != nullptr || mustSignal(p, lane, !w.inlineData);
-    if (registration) {
-      w.local2 = data;
-      w.lkey2 = registration->lkey;
+    if (registration && !direct) {
+      w.local2 = payloadAt;
+      w.lkey2 = payloadKey;
       w.length2 = header.payload;
     }
-    if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
+    if (int rc = verbs::postWrites(lane.qp, std::span(wrs.data(), count)); rc != 0) {
       throw verbs::verbsError("ibv_post_send", rc,
                               fmt::format("posting a message to rank {}", peer));
     }
+    if (count == 2) posted(lane, -1, false);  // the direct payload write
     if (header.kind == MessageKind::Collective) p.nextLane = (p.nextLane + 1) % p.lanes.size();
     if (registration) {
       owner->ranges.emplace_back(data, header.payload);
@@ -300,8 +366,9 @@ struct Engine::Impl {
       posted(lane, staging, w.signaled);
     }
     if (logEnabled(LogLevel::Trace))
-      log(LogLevel::Trace, "-> rank {} slot {} lane {}: {}{}", peer, remote, laneIndex,
-          describe(header), p.slotWrites[static_cast<size_t>(staging)].owner ? " (zero-copy)" : "");
+      log(LogLevel::Trace, "-> rank {} slot {} lane {}: {}{}{}", peer, remote, laneIndex,
+          describe(header), p.slotWrites[static_cast<size_t>(staging)].owner ? " (zero-copy)" : "",
+          direct ? " (direct)" : "");
     return true;
   }
 
@@ -432,6 +499,23 @@ struct Engine::Impl {
     }
     for (uint64_t m = in.header.credits; m != 0; m &= m - 1) {
       p.freeRemote.push_back(std::countr_zero(m));
+    }
+    if (in.header.kind == MessageKind::Advert) {
+      const Header& h = in.header;
+      release(peer, slot);
+      // One for an operation this rank finished (it sent everything through
+      // the slots first) is of no use any more.
+      if (lastFinished && static_cast<int32_t>(h.sequence - *lastFinished) <= 0) return;
+      p.adverts.push_back(Advert{.sequence = h.sequence,
+                                 .step = h.step,
+                                 .opType = h.opType,
+                                 .check = h.check,
+                                 .addr = h.addr,
+                                 .rkey = h.rkey,
+                                 .length = h.length});
+      if (logEnabled(LogLevel::Trace))
+        log(LogLevel::Trace, "<- rank {} slot {}: {}", peer, slot, describe(h));
+      return;
     }
     if (in.header.kind == MessageKind::Abort) {
       std::string text(reinterpret_cast<const char*>(recvSlot(peer, slot)) + kHeaderBytes,
@@ -582,6 +666,69 @@ struct Engine::Impl {
                 "and reduce ops"});
   }
 
+  // Copy receives into memory the user registered, of at least
+  // zeroCopyMinBytes: the sending peer may write them straight into place.
+  // Every schedule keeps what makes this safe at any time after the start
+  // (schedule.hpp): a Copy receive's destination is not read or written by
+  // this rank before the receive, except by accesses the sender's data
+  // depends on.
+  void prepareAdverts(Active& a) {
+    const Operation& op = *a.op;
+    a.advertised.assign(op.schedule.size(), {});
+    for (size_t k = 0; k < op.schedule.size(); ++k) {
+      const auto& recvs = op.schedule[k].recvs;
+      a.advertised[k].assign(recvs.size(), 0);
+      if (options.registrations == nullptr || op.recvBase == nullptr) continue;
+      for (size_t j = 0; j < recvs.size(); ++j) {
+        const RecvSpec& r = recvs[j];
+        if (r.combine != Combine::Copy || r.range.bytes == 0 ||
+            r.range.bytes < options.zeroCopyMinBytes || r.range.bytes > UINT32_MAX) {
+          continue;
+        }
+        const uint8_t* dst = op.recvBase + r.range.offset;
+        auto registration = options.registrations->find(dst, r.range.bytes);
+        if (!registration) continue;
+        a.advertised[k][j] = 1;
+        a.advertsToSend.emplace_back(r.peer,
+                                     Header{.kind = MessageKind::Advert,
+                                            .opType = static_cast<uint8_t>(op.type),
+                                            .sequence = static_cast<uint32_t>(op.sequence),
+                                            .step = static_cast<uint32_t>(k),
+                                            .check = op.checkValue,
+                                            .addr = reinterpret_cast<uintptr_t>(dst),
+                                            .rkey = registration->rkey,
+                                            .length = static_cast<uint32_t>(r.range.bytes)});
+        a.exposed.push_back(std::move(registration));
+      }
+    }
+  }
+
+  // Where the chunk at `offset` of this step's send to peer goes when the
+  // peer advertised the receive; nullopt: through its slots.
+  std::optional<DirectTarget> directTarget(const Active& a, int peer, size_t offset,
+                                           size_t payload) {
+    const Operation& op = *a.op;
+    for (const Advert& ad : peers[static_cast<size_t>(peer)].adverts) {
+      if (ad.sequence != static_cast<uint32_t>(op.sequence) || ad.step != a.step) continue;
+      // One that disagrees with this operation: the slots path reports the mismatch.
+      if (ad.opType != static_cast<uint8_t>(op.type) || ad.check != op.checkValue ||
+          offset + payload > ad.length) {
+        return std::nullopt;
+      }
+      return DirectTarget{ad.addr + offset, ad.rkey};
+    }
+    return std::nullopt;
+  }
+
+  void finishedCollective(uint32_t sequence) {
+    lastFinished = sequence;
+    for (PeerState& p : peers) {
+      std::erase_if(p.adverts, [&](const Advert& ad) {
+        return static_cast<int32_t>(ad.sequence - sequence) <= 0;
+      });
+    }
+  }
+
   bool advanceCollective(Active& a) {
     Operation& op = *a.op;
     bool progress = false;
@@ -594,6 +741,13 @@ struct Engine::Impl {
       log(LogLevel::Trace, "start {} ({} steps)", op.description, op.schedule.size());
       if (op.prologue) op.prologue();
       if (!op.schedule.empty()) enterStep(a);
+      prepareAdverts(a);
+      progress = true;
+    }
+    while (a.advertsSent < a.advertsToSend.size()) {
+      auto& [peer, header] = a.advertsToSend[a.advertsSent];
+      if (!trySend(peer, header, nullptr)) break;
+      ++a.advertsSent;
       progress = true;
     }
     while (a.step < op.schedule.size()) {
@@ -619,7 +773,8 @@ struct Engine::Impl {
                    .payload = static_cast<uint32_t>(payload),
                    .chunk = static_cast<uint32_t>(a.sentMessages[i]),
                    .check = op.checkValue};
-          if (!trySend(send.peer, h, op.sendBase + send.range.offset + a.sent[i], a.zeroCopy)) {
+          if (!trySend(send.peer, h, op.sendBase + send.range.offset + a.sent[i], a.zeroCopy,
+                       directTarget(a, send.peer, a.sent[i], payload))) {
             break;
           }
           a.sent[i] += payload;
@@ -642,12 +797,24 @@ struct Engine::Impl {
           if (!found) break;
           InboxIt in = *found;
           uint8_t* dst = op.recvBase + recv.range.offset + a.received[j];
-          if (a.zeroCopy->overlaps(dst, payload)) break;  // a write still reads these bytes
-          const uint8_t* src = recvSlot(recv.peer, in->slot) + kHeaderBytes;
-          if (recv.combine == Combine::Copy) {
-            if (payload > 0) std::memcpy(dst, src, payload);
+          if (in->header.flags & kDirect) {  // the payload is already in place
+            if (!a.advertised[a.step][j]) {
+              throw Error(ErrorInfo{
+                  .kind = ErrorKind::Protocol,
+                  .message = fmt::format("rank {} wrote {} directly, but this rank did not "
+                                         "advertise that receive",
+                                         recv.peer, describe(in->header)),
+                  .peerRank = recv.peer,
+                  .hint = "every rank must run the same rdmacc version"});
+            }
           } else {
-            reduceInto(dst, src, payload / elementSize(op.dtype), op.dtype, op.reduceOp);
+            if (a.zeroCopy->overlaps(dst, payload)) break;  // a write still reads these bytes
+            const uint8_t* src = recvSlot(recv.peer, in->slot) + kHeaderBytes;
+            if (recv.combine == Combine::Copy) {
+              if (payload > 0) std::memcpy(dst, src, payload);
+            } else {
+              reduceInto(dst, src, payload / elementSize(op.dtype), op.dtype, op.reduceOp);
+            }
           }
           consume(recv.peer, in);
           a.received[j] += payload;
@@ -903,6 +1070,7 @@ struct Engine::Impl {
         progress |= moved || !before;
         break;
       }
+      finishedCollective(static_cast<uint32_t>(a.op->sequence));
       a.op->work->finish(nullptr);
       collectives.pop_front();
       progress = true;

@@ -27,6 +27,7 @@ struct Registration {
   uintptr_t begin = 0;  // page-aligned
   uintptr_t end = 0;    // page-aligned, exclusive
   uint32_t lkey = 0;
+  uint32_t rkey = 0;            // peers may write into it (direct receives)
   std::shared_ptr<void> owner;  // the memory region: released when the last holder goes
 
   bool covers(const void* ptr, size_t bytes) const noexcept {

@@ -28,7 +28,14 @@ struct SendSpec {
 
 struct RecvSpec {
   int peer = 0;
-  Range range;  // in the operation's receive buffer
+  // In the operation's receive buffer. A Copy receive into registered memory
+  // may be written by the peer directly at any time after the operation
+  // starts (the engine advertises it then), so a schedule must not read or
+  // write a Copy receive's range in an earlier step unless the data the peer
+  // sends depends on that access (ring allreduce's gather half receives
+  // blocks this rank sent during the reduce-scatter half: the peer's reduced
+  // block cannot exist before that send arrived).
+  Range range;
   Combine combine = Combine::Copy;
   // Index into Step::sends of a send that reads the bytes this receive
   // overwrites (recursive doubling exchanges one range both ways): each chunk

@@ -255,10 +255,14 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
                                   MeshOptions{.group = options.groupName});
   s.registrations = std::make_unique<RegistrationCache>(
       [pd = s.mesh->pd()](uintptr_t begin, size_t length) {
+        // Remote write: peers write large receives straight into it.
         std::shared_ptr<ibv_mr> mr = verbs::registerMemory(pd, reinterpret_cast<void*>(begin),
-                                                           length, IBV_ACCESS_LOCAL_WRITE);
-        return Registration{
-            .begin = begin, .end = begin + length, .lkey = mr->lkey, .owner = std::move(mr)};
+                                                           length, verbs::kRemoteWriteAccess);
+        return Registration{.begin = begin,
+                            .end = begin + length,
+                            .lkey = mr->lkey,
+                            .rkey = mr->rkey,
+                            .owner = std::move(mr)};
       },
       s.config.getBool("RDMACC_REGISTRATION_CACHE"), static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
   s.engine = std::make_unique<Engine>(

@@ -144,22 +144,34 @@ void moveToRts(ibv_qp* qp, rdma_cm_id* id, const QpParams& p) {
       "RTS");
 }
 
-int postWrite(ibv_qp* qp, const WriteRequest& r) {
-  std::array<ibv_sge, 2> sges{};
-  int n = 0;
-  if (r.length > 0) sges[n++] = {reinterpret_cast<uintptr_t>(r.local), r.length, r.lkey};
-  if (r.length2 > 0) sges[n++] = {reinterpret_cast<uintptr_t>(r.local2), r.length2, r.lkey2};
-  ibv_send_wr wr{};
-  wr.wr_id = r.wrId;
-  wr.sg_list = n > 0 ? sges.data() : nullptr;
-  wr.num_sge = n;
-  wr.opcode = r.imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-  if (r.imm) wr.imm_data = htonl(*r.imm);
-  wr.send_flags = (r.signaled ? IBV_SEND_SIGNALED : 0) | (r.inlineData ? IBV_SEND_INLINE : 0);
-  wr.wr.rdma.remote_addr = r.remoteAddr;
-  wr.wr.rdma.rkey = r.rkey;
+int postWrites(ibv_qp* qp, std::span<const WriteRequest> requests) {
+  constexpr size_t kMax = 4;
+  if (requests.empty()) return 0;
+  if (requests.size() > kMax) return EINVAL;
+  std::array<std::array<ibv_sge, 2>, kMax> sges{};
+  std::array<ibv_send_wr, kMax> wrs{};
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const WriteRequest& r = requests[i];
+    int n = 0;
+    if (r.length > 0) sges[i][n++] = {reinterpret_cast<uintptr_t>(r.local), r.length, r.lkey};
+    if (r.length2 > 0) sges[i][n++] = {reinterpret_cast<uintptr_t>(r.local2), r.length2, r.lkey2};
+    ibv_send_wr& wr = wrs[i];
+    wr.wr_id = r.wrId;
+    wr.sg_list = n > 0 ? sges[i].data() : nullptr;
+    wr.num_sge = n;
+    wr.opcode = r.imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+    if (r.imm) wr.imm_data = htonl(*r.imm);
+    wr.send_flags = (r.signaled ? IBV_SEND_SIGNALED : 0) | (r.inlineData ? IBV_SEND_INLINE : 0);
+    wr.wr.rdma.remote_addr = r.remoteAddr;
+    wr.wr.rdma.rkey = r.rkey;
+    wr.next = i + 1 < requests.size() ? &wrs[i + 1] : nullptr;
+  }
   ibv_send_wr* bad = nullptr;
-  return ibv_post_send(qp, &wr, &bad);
+  return ibv_post_send(qp, wrs.data(), &bad);
+}
+
+int postWrite(ibv_qp* qp, const WriteRequest& request) {
+  return postWrites(qp, std::span(&request, 1));
 }
 
 int postEmptyRecvs(ibv_qp* qp, uint64_t wrId, uint32_t count) {

@@ -81,6 +81,8 @@ struct WriteRequest {
   uint32_t length2 = 0;
 };
 int postWrite(ibv_qp* qp, const WriteRequest& request);
+// Posts the requests as one chain (one doorbell), in order.
+int postWrites(ibv_qp* qp, std::span<const WriteRequest> requests);
 // Posts count receive WRs with no scatter entries (for WRITE_WITH_IMM).
 int postEmptyRecvs(ibv_qp* qp, uint64_t wrId, uint32_t count);
 
