@@ -67,6 +67,9 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_SPIN_US", Int, "50", "us",
     "how long the progress thread, or a caller in wait(), busy-polls without progress before it "
     "sleeps on the completion channel", 0, 10000000},
+  OptionSpec{"RDMACC_SPIN_YIELD", String, "auto", "",
+    "give the CPU away (sched_yield) between polls while spinning: 1, 0, or auto (when this host runs "
+    "more ranks of the group than the process may use CPUs, as Open MPI's yield_when_idle)", 0, 0},
   OptionSpec{"RDMACC_CONNECT_TIMEOUT", Duration, "60s", "",
     "time allowed for every peer to arrive and connect when the group forms", 0, 0},
   OptionSpec{"RDMACC_STORE_TIMEOUT", Duration, "300s", "",
@@ -114,6 +117,11 @@ void validate(const OptionSpec& spec, const std::string& text) {
       break;
     case String:
       if (spec.name == "RDMACC_LOG_LEVEL") parseLogLevel(text);
+      if (spec.name == "RDMACC_SPIN_YIELD" && text != "auto" && text != "0" && text != "1") {
+        throw Error(ErrorKind::InvalidArgument,
+                    fmt::format("RDMACC_SPIN_YIELD='{}' is not auto, 0 or 1", text),
+                    "set RDMACC_SPIN_YIELD to auto (the default), 1 (always yield) or 0 (never)");
+      }
       if (spec.name.starts_with("RDMACC_ALGO_")) {
         bool allreduce = spec.name == "RDMACC_ALGO_ALLREDUCE";
         if (text != "auto" && text != "ring" && text != "tree" &&

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -1168,6 +1169,8 @@ struct Engine::Impl {
                   std::min<Clock::duration>(until - now, kSleepSlice)),
               /*mayIdle=*/false);
         lastProgress = Clock::now();
+      } else if (options.spinYield) {
+        sched_yield();
       }
     }
     driverLeft.store(completed ? Clock::now().time_since_epoch().count() : 0);
@@ -1205,7 +1208,10 @@ struct Engine::Impl {
         lastProgress = now;
         continue;
       }
-      if (now - lastProgress < options.spin) continue;
+      if (now - lastProgress < options.spin) {
+        if (options.spinYield) sched_yield();
+        continue;
+      }
       try {
         sleep(kSleepSlice, /*mayIdle=*/true);
       } catch (const std::exception& e) {

@@ -56,8 +56,11 @@ struct Operation {
 struct EngineOptions {
   std::string group;
   int slotsPerPeer = 16;
-  size_t slotBytes = 0;  // 0: autoSlotBytes(world size, slotsPerPeer)
+  size_t slotBytes = 0;                // 0: autoSlotBytes(world size, slotsPerPeer)
   std::chrono::microseconds spin{50};  // busy-poll this long before sleeping
+  // sched_yield() between polls while spinning: with more ranks than CPUs the
+  // rank being waited for gets the CPU instead of waiting for a time slice.
+  bool spinYield = false;
   // Memory the user registered: payloads of at least zeroCopyMinBytes in it
   // are sent without the staging copy. Null: always copy.
   const RegistrationCache* registrations = nullptr;

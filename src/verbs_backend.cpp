@@ -1,3 +1,4 @@
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,23 @@
 
 namespace rdmacc {
 namespace {
+
+// RDMACC_SPIN_YIELD: auto yields when this host runs more of the group's ranks
+// than this process may use CPUs (each spinning rank would otherwise hold a
+// CPU the rank it waits for needs).
+bool spinYield(const std::string& setting, const Mesh& mesh) {
+  if (setting != "auto") return setting == "1";
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0
+                 ? CPU_COUNT(&set)
+                 : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  int local = mesh.ranksOnThisAddress();
+  bool yield = local > cpus;
+  log(LogLevel::Info, "rank {}: {} ranks on this address, {} CPUs: {}", mesh.rank(), local, cpus,
+      yield ? "spinning yields the CPU" : "pure spinning");
+  return yield;
+}
 
 constexpr uint32_t kInternalTagBase = 0x80000000u;  // user tags are non-negative ints
 
@@ -272,6 +290,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .slotsPerPeer = static_cast<int>(s.config.getInt("RDMACC_SLOTS_PER_PEER")),
           .slotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SLOT_BYTES")),
           .spin = std::chrono::microseconds(s.config.getInt("RDMACC_SPIN_US")),
+          .spinYield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"), *s.mesh),
           .registrations = s.registrations.get(),
           .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES"))});
 }

@@ -53,6 +53,7 @@ TEST(Config, BadValuesNameTheVariableAndTheFix) {
   expectError({"RDMACC_CONNECT_TIMEOUT=10 parsecs"}, "30s");
   expectError({"RDMACC_AGENT_STORE=maybe"}, "not a boolean");
   expectError({"RDMACC_LOG_LEVEL=loud"}, "unknown log level");
+  expectError({"RDMACC_SPIN_YIELD=yes"}, "auto (the default), 1 (always yield) or 0");
   EXPECT_THROW(Config::load({{"RDMACC_NOPE", "1"}}, {}), Error);
 }
 
