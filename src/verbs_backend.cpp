@@ -41,6 +41,7 @@ bool spinYield(const std::string& setting, const Mesh& mesh) {
   return yield;
 }
 
+constexpr int kLinearAlltoallMaxRanks = 8;          // Auto alltoall: every pair at once up to here
 constexpr uint32_t kInternalTagBase = 0x80000000u;  // user tags are non-negative ints
 
 [[noreturn]] void invalid(std::string message, std::string hint = {}) {
@@ -142,6 +143,36 @@ struct VerbsBackend::Impl {
                : Algorithm::Tree;
   }
 
+  // Latency-bound allgathers (by the gathered size, the same on every rank)
+  // go to every rank at once; larger ones around the ring.
+  Schedule allgatherSchedule(Algorithm requested, const std::vector<Range>& blocks,
+                             size_t gatheredBytes) const {
+    Algorithm algo = requested;
+    if (algo == Algorithm::Auto) {
+      algo = gatheredBytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
+    }
+    if (algo == Algorithm::Ring) return algorithms::ringAllgather(rank, size, blocks);
+    if (algo == Algorithm::Linear) return algorithms::linearAllgather(rank, size, blocks);
+    invalid(fmt::format("allgather has no {} algorithm", toString(algo)), "use ring or linear");
+  }
+
+  // Sizes may differ between ranks, so only the group decides: every pair at
+  // once in small groups, pairwise steps (no incast) in larger ones.
+  Schedule alltoallSchedule(Algorithm requested, const std::vector<Range>& sendBlocks,
+                            const std::vector<Range>& recvBlocks) const {
+    Algorithm algo = requested;
+    if (algo == Algorithm::Auto) {
+      algo = size <= kLinearAlltoallMaxRanks ? Algorithm::Linear : Algorithm::Pairwise;
+    }
+    if (algo == Algorithm::Pairwise) {
+      return algorithms::pairwiseAlltoall(rank, size, sendBlocks, recvBlocks);
+    }
+    if (algo == Algorithm::Linear) {
+      return algorithms::linearAlltoall(rank, size, sendBlocks, recvBlocks);
+    }
+    invalid(fmt::format("alltoall has no {} algorithm", toString(algo)), "use pairwise or linear");
+  }
+
   std::shared_ptr<Work> submit(std::unique_ptr<Operation> op) {
     std::lock_guard lock(submitMutex);
     if (op->pointToPoint) {
@@ -222,12 +253,11 @@ struct VerbsBackend::Impl {
       for (size_t i = 0; i < list.size(); ++i)
         checkSame(inputs[i], list[i], "allgather_coalesced", "an output");
     }
-    if (opts.algorithm != Algorithm::Auto && opts.algorithm != Algorithm::Ring)
-      invalid("allgather has a ring only");
     auto op = collective(type, opts.timeout);
     op->scratch.resize(perRank * static_cast<size_t>(size));
     uint8_t* flat = op->scratch.data();
-    op->schedule = algorithms::ringAllgather(rank, size, uniformBlocks(perRank, size));
+    op->schedule = allgatherSchedule(opts.algorithm, uniformBlocks(perRank, size),
+                                     perRank * static_cast<size_t>(size));
     op->sendBase = op->recvBase = flat;
     std::vector<Tensor> ins = inputs;
     std::vector<std::vector<Tensor>> outs = outputLists;
@@ -429,11 +459,9 @@ std::shared_ptr<Work> VerbsBackend::_allgather_base(Tensor& output, Tensor& inpu
         input.numel * static_cast<size_t>(size_), toString(input.dtype), size_, output.numel,
         toString(output.dtype)));
   }
-  if (opts.algorithm != Algorithm::Auto && opts.algorithm != Algorithm::Ring)
-    invalid("allgather has a ring only");
   auto op = s.collective(OpType::AllgatherBase, opts.timeout);
   auto blocks = evenBlocks(output.numel, size_, elementSize(input.dtype));
-  op->schedule = algorithms::ringAllgather(rank_, size_, blocks);
+  op->schedule = s.allgatherSchedule(opts.algorithm, blocks, output.bytes());
   op->sendBase = op->recvBase = bytesOf(output);
   uint8_t* mine = bytesOf(output) + blocks[static_cast<size_t>(rank_)].offset;
   uint8_t* in = bytesOf(input);
@@ -673,7 +701,7 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
   size_t es = elementSize(input.dtype);
   auto sendBlocks = blocksOf(inCounts, es);
   auto recvBlocks = blocksOf(outCounts, es);
-  op->schedule = algorithms::pairwiseAlltoall(rank_, size_, sendBlocks, recvBlocks);
+  op->schedule = s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks);
   uint8_t* src = bytesOf(input);
   if (input.data == output.data && input.bytes() > 0) {  // in place: send from a copy
     op->scratch.assign(src, src + input.bytes());
@@ -725,7 +753,7 @@ std::shared_ptr<Work> VerbsBackend::alltoall(std::vector<Tensor>& outputs,
   op->scratch.resize(inTotal + outTotal);
   uint8_t* in = op->scratch.data();
   uint8_t* out = in + inTotal;
-  op->schedule = algorithms::pairwiseAlltoall(rank_, size_, sendBlocks, recvBlocks);
+  op->schedule = s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks);
   op->sendBase = in;
   op->recvBase = out;
   std::vector<Tensor> ins = inputs, outs = outputs;

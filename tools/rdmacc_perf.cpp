@@ -68,7 +68,8 @@ void usage(FILE* out) {
       "      half, bfloat16, int8, uint8, int32, int64             -o  sum (default), prod, min, "
       "max, avg\n"
       "  -r  root rank (default 0)                                  -a  algorithm: auto, ring, "
-      "tree,\n      recursive_doubling (allreduce, power-of-two groups)\n"
+      "tree,\n      recursive_doubling (allreduce, power-of-two groups), linear (allgather, "
+      "alltoall), pairwise (alltoall)\n"
       "  --check  verify every element of every size (#wrong column)\n"
       "  -R       register the buffers with the backend (zero-copy sends, as nccl-tests -R)\n"
       "  --json FILE  write the results as JSON\n"
@@ -99,6 +100,15 @@ DataType parseType(const std::string& s) {
   if (s == "int64") return DataType::Int64;
   throw Error(ErrorKind::InvalidArgument, fmt::format("-d {} is not a dtype", s),
               "use float, double, half, bfloat16, int8, uint8, int32 or int64");
+}
+
+Algorithm parseAlgorithm(const std::string& s) {
+  for (Algorithm a : {Algorithm::Auto, Algorithm::Ring, Algorithm::Tree, Algorithm::Linear,
+                      Algorithm::Pairwise, Algorithm::RecursiveDoubling}) {
+    if (s == toString(a)) return a;
+  }
+  throw Error(ErrorKind::InvalidArgument, fmt::format("-a {} is not an algorithm", s),
+              "use auto, ring, tree, recursive_doubling, linear or pairwise");
 }
 
 ReduceOp parseOp(const std::string& s) {
@@ -151,10 +161,7 @@ Args parse(int argc, char** argv) {
     else if (k == "-r")
       a.root = static_cast<int>(parseInt(v, "-r"));
     else if (k == "-a")
-      a.algorithm = v == "ring"                 ? Algorithm::Ring
-                    : v == "tree"               ? Algorithm::Tree
-                    : v == "recursive_doubling" ? Algorithm::RecursiveDoubling
-                                                : Algorithm::Auto;
+      a.algorithm = parseAlgorithm(v);
     else if (k == "--json")
       a.json = v;
     else if (k == "--csv")
@@ -359,7 +366,7 @@ class CollectiveBench {
       Tensor in = inPlace ? Tensor{out_->bytes.data() + static_cast<size_t>(rank_) * count_ * es_,
                                    count_, args_.dtype}
                           : buf_->tensor();
-      return backend_->_allgather_base(out, in);
+      return backend_->_allgather_base(out, in, AllgatherOptions{.algorithm = args_.algorithm});
     }
     if (c == "reduce_scatter") {
       Tensor out = buf_->tensor(), in = out_->tensor();
@@ -368,7 +375,8 @@ class CollectiveBench {
     if (c == "alltoall") {
       Tensor out = out_->tensor(), in = buf_->tensor();
       std::vector<int64_t> none;
-      return backend_->alltoall_base(out, in, none, none);
+      return backend_->alltoall_base(out, in, none, none,
+                                     AllToAllOptions{.algorithm = args_.algorithm});
     }
     if (c == "gather") {
       std::vector<Tensor> in{buf_->tensor()};

@@ -45,7 +45,9 @@ struct ReduceOptions {
 
 struct AllgatherOptions {
   std::chrono::milliseconds timeout = kUseDefaultTimeout;
-  Algorithm algorithm = Algorithm::Auto;  // Ring
+  // Ring, or Linear (every rank to every rank in one step); Auto: Linear up
+  // to RDMACC_TREE_MAX_BYTES of gathered output, Ring above.
+  Algorithm algorithm = Algorithm::Auto;
 };
 
 struct GatherOptions {
@@ -67,6 +69,10 @@ struct ReduceScatterOptions {
 
 struct AllToAllOptions {
   std::chrono::milliseconds timeout = kUseDefaultTimeout;
+  // Pairwise (step i: send to rank + i, receive from rank - i), or Linear
+  // (every pair at once); Auto: Linear up to 8 ranks, Pairwise above (the
+  // choice may not depend on sizes: they differ between ranks).
+  Algorithm algorithm = Algorithm::Auto;
 };
 
 struct BarrierOptions {

@@ -39,11 +39,17 @@ Schedule recursiveDoublingAllreduce(int rank, int size, size_t bytes, bool final
 Schedule pairwiseAlltoall(int rank, int size, const std::vector<Range>& sendBlocks,
                           const std::vector<Range>& recvBlocks);
 
-// linear.cpp: the root talks to every rank directly.
+// linear.cpp: ranks talk to every rank directly, in one step.
 Schedule linearGather(int rank, int size, int root, Range send,
                       const std::vector<Range>& recvBlocks);
 Schedule linearScatter(int rank, int size, int root, const std::vector<Range>& sendBlocks,
                        Range recv);
+// Every rank sends its block to every other rank at once: one step instead of
+// the ring's n-1 hops (latency-bound sizes).
+Schedule linearAllgather(int rank, int size, const std::vector<Range>& blocks);
+// Every pair exchanges at once (pairwise's n-1 steps as one).
+Schedule linearAlltoall(int rank, int size, const std::vector<Range>& sendBlocks,
+                        const std::vector<Range>& recvBlocks);
 
 // dissemination_barrier.cpp: ceil(log2 n) rounds of zero-byte messages.
 Schedule disseminationBarrier(int rank, int size);

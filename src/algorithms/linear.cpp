@@ -31,4 +31,27 @@ Schedule linearScatter(int rank, int size, int root, const std::vector<Range>& s
   return Schedule{std::move(step)};
 }
 
+Schedule linearAllgather(int rank, int size, const std::vector<Range>& blocks) {
+  if (size == 1) return {};
+  Step step;
+  for (int i = 1; i < size; ++i) {  // start with the right neighbour, as the ring
+    int to = (rank + i) % size, from = (rank - i + size) % size;
+    step.sends.push_back(SendSpec{to, blocks[static_cast<size_t>(rank)], {}});
+    step.recvs.push_back(RecvSpec{from, blocks[static_cast<size_t>(from)], Combine::Copy});
+  }
+  return Schedule{std::move(step)};
+}
+
+Schedule linearAlltoall(int rank, int size, const std::vector<Range>& sendBlocks,
+                        const std::vector<Range>& recvBlocks) {
+  if (size == 1) return {};
+  Step step;
+  for (int i = 1; i < size; ++i) {
+    int to = (rank + i) % size, from = (rank - i + size) % size;
+    step.sends.push_back(SendSpec{to, sendBlocks[static_cast<size_t>(to)], {}});
+    step.recvs.push_back(RecvSpec{from, recvBlocks[static_cast<size_t>(from)], Combine::Copy});
+  }
+  return Schedule{std::move(step)};
+}
+
 }  // namespace rdmacc::algorithms

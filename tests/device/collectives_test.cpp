@@ -322,10 +322,13 @@ TEST(Collectives, AllgatherBaseInAndOutOfPlace) {
   for (DataType t : kTypes) {
     for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
       ++c;
+      // Out of place around the ring, in place with every rank at once.
+      const AllgatherOptions ring{.algorithm = Algorithm::Ring};
+      const AllgatherOptions linear{.algorithm = Algorithm::Linear};
       Buffer in = contribution(t, ReduceOp::Sum, n, R, c);
       Buffer out(t, n * static_cast<size_t>(N));
       Tensor input = in.tensor(), output = out.tensor();
-      gBackend->_allgather_base(output, input)->wait();
+      gBackend->_allgather_base(output, input, ring)->wait();
       for (int r = 0; r < N; ++r) {
         Buffer part(t, n);
         std::memcpy(part.bytes.data(),
@@ -339,9 +342,9 @@ TEST(Collectives, AllgatherBaseInAndOutOfPlace) {
       for (size_t i = 0; i < n; ++i)
         inplace.set(static_cast<size_t>(R) * n + i, value(t, ReduceOp::Sum, R, i, c));
       Tensor whole = inplace.tensor(), mine = inplace.slice(static_cast<size_t>(R) * n, n);
-      gBackend->_allgather_base(whole, mine)->wait();
+      gBackend->_allgather_base(whole, mine, linear)->wait();
       EXPECT_EQ(inplace.bytes, out.bytes)
-          << "in-place _allgather_base " << toString(t) << " n=" << n;
+          << "in-place linear _allgather_base " << toString(t) << " n=" << n;
     }
   }
 }
@@ -461,7 +464,8 @@ TEST(Collectives, ReduceScatterEveryTypeAndOp) {
 
 TEST(Collectives, AlltoallEvenAndUnevenSplits) {
   // Element j of the block rank r sends to rank p is value(r, p*1000 + j).
-  auto run = [&](std::function<size_t(int from, int to)> count, const std::string& what) {
+  auto run = [&](std::function<size_t(int from, int to)> count, const std::string& what,
+                 Algorithm algorithm = Algorithm::Auto) {
     std::vector<int64_t> inSplits, outSplits;
     size_t inTotal = 0, outTotal = 0;
     for (int p = 0; p < N; ++p) {
@@ -478,7 +482,7 @@ TEST(Collectives, AlltoallEvenAndUnevenSplits) {
                value(DataType::Int32, ReduceOp::Sum, R, static_cast<size_t>(p) * 1000 + j, 6000));
     }
     Tensor input = in.tensor(), output = out.tensor();
-    gBackend->alltoall_base(output, input, outSplits, inSplits)->wait();
+    gBackend->alltoall_base(output, input, outSplits, inSplits, {.algorithm = algorithm})->wait();
     at = 0;
     for (int p = 0; p < N; ++p) {
       for (size_t j = 0; j < count(p, R); ++j) {
@@ -494,8 +498,10 @@ TEST(Collectives, AlltoallEvenAndUnevenSplits) {
     }
   };
   run([](int, int) { return size_t{5}; }, "alltoall_base even");
-  run([](int from, int to) { return static_cast<size_t>((from * 3 + to * 7) % 5) * 300; },
-      "alltoall_base uneven");
+  for (Algorithm a : {Algorithm::Auto, Algorithm::Pairwise, Algorithm::Linear}) {
+    run([](int from, int to) { return static_cast<size_t>((from * 3 + to * 7) % 5) * 300; },
+        fmt::format("alltoall_base uneven {}", toString(a)), a);
+  }
   run([](int, int) { return size_t{0}; }, "alltoall_base empty");
   // The list form, every dtype: rank r sends p + 1 elements to rank p.
   for (DataType t : kTypes) {

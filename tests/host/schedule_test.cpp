@@ -166,13 +166,16 @@ TEST_P(Sizes, RingReduceScatterLeavesBlockRAtRankR) {
   }
 }
 
-TEST_P(Sizes, RingAllgatherAndPairwiseAlltoall) {
-  const int n = GetParam();
+void checkAllgatherAndAlltoall(int n, bool linear) {
   std::vector<Rank> ranks(static_cast<size_t>(n));
   auto blocks = evenBlocks(static_cast<size_t>(n) * 2 + 1, n, 1);
   for (int r = 0; r < n; ++r) {
     auto& x = ranks[static_cast<size_t>(r)];
-    x.schedule = algorithms::ringAllgather(r, n, blocks);
+    x.schedule = linear ? algorithms::linearAllgather(r, n, blocks)
+                        : algorithms::ringAllgather(r, n, blocks);
+    if (linear) {
+      EXPECT_LE(x.schedule.size(), 1u);
+    }
     x.recvBuf.assign(static_cast<size_t>(n) * 2 + 1, 0);
     const Range& mine = blocks[static_cast<size_t>(r)];
     for (size_t b = 0; b < mine.bytes; ++b) x.recvBuf[mine.offset + b] = v(r, mine.offset + b);
@@ -193,7 +196,8 @@ TEST_P(Sizes, RingAllgatherAndPairwiseAlltoall) {
     for (int p = 0; p < n; ++p) in.push_back(count(r, p)), out.push_back(count(p, r));
     auto& x = a[static_cast<size_t>(r)];
     x.sameBuffer = false;
-    x.schedule = algorithms::pairwiseAlltoall(r, n, blocksOf(in, 1), blocksOf(out, 1));
+    x.schedule = linear ? algorithms::linearAlltoall(r, n, blocksOf(in, 1), blocksOf(out, 1))
+                        : algorithms::pairwiseAlltoall(r, n, blocksOf(in, 1), blocksOf(out, 1));
     x.sendBuf.resize(std::accumulate(in.begin(), in.end(), size_t{0}));
     x.recvBuf.assign(std::accumulate(out.begin(), out.end(), size_t{0}), 0);
     size_t at = 0;
@@ -212,6 +216,14 @@ TEST_P(Sizes, RingAllgatherAndPairwiseAlltoall) {
         }
       }
     }
+  }
+}
+
+TEST_P(Sizes, AllgatherAndAlltoallRingPairwiseAndLinear) {
+  const int n = GetParam();
+  for (bool linear : {false, true}) {
+    SCOPED_TRACE(linear ? "linear" : "ring/pairwise");
+    checkAllgatherAndAlltoall(n, linear);
   }
 }
 

@@ -13,7 +13,7 @@ TEST(SlotSizing, SmallGroupsGetLargeSlots) {
 TEST(SlotSizing, LargerGroupsAndMoreSlotsStayWithinTheBudget) {
   EXPECT_EQ(autoSlotBytes(6, 16), 128u << 10);
   EXPECT_EQ(autoSlotBytes(16, 16), 64u << 10);
-  EXPECT_EQ(autoSlotBytes(2, 64), 256u << 10);   // exactly 32 MiB
+  EXPECT_EQ(autoSlotBytes(2, 64), 256u << 10);  // exactly 32 MiB
   EXPECT_EQ(autoSlotBytes(2, 128), 128u << 10);
   for (int ranks : {2, 3, 8, 9, 17, 33, 64}) {
     for (int slots : {1, 4, 16, 32}) {
