@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 #include "rdmacc/error.hpp"
 
@@ -15,8 +17,32 @@ namespace {
 
 constexpr size_t kMax = std::numeric_limits<size_t>::max();
 
-bool known(std::string_view collective) {
-  return collective == "allreduce" || collective == "broadcast";
+// The collectives a table may tune and the algorithms each may choose.
+struct Tunable {
+  std::string_view collective;
+  std::vector<Algorithm> algorithms;
+};
+const std::vector<Tunable>& tunables() {
+  static const std::vector<Tunable> table{
+      {"allreduce", {Algorithm::Ring, Algorithm::Tree, Algorithm::RecursiveDoubling}},
+      {"broadcast", {Algorithm::Ring, Algorithm::Tree}},
+      {"allgather", {Algorithm::Ring, Algorithm::Linear}},
+  };
+  return table;
+}
+
+const Tunable* find(std::string_view collective) {
+  for (const Tunable& t : tunables()) {
+    if (t.collective == collective) return &t;
+  }
+  return nullptr;
+}
+
+template <typename Items, typename Name>
+std::string listOf(const Items& items, Name name) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + std::string(name(item));
+  return out;
 }
 
 }  // namespace
@@ -38,8 +64,10 @@ TuningTable TuningTable::parse(std::string_view text, const std::string& origin)
     if (!(fields >> ranks >> upTo >> algorithm) || (fields >> extra)) {
       throw bad(fmt::format("expected 4 fields in '{}'", line));
     }
-    if (!known(collective)) {
-      throw bad(fmt::format("unknown collective '{}' (allreduce or broadcast)", collective));
+    const Tunable* tunable = find(collective);
+    if (tunable == nullptr) {
+      throw bad(fmt::format("unknown collective '{}' ({})", collective,
+                            listOf(tunables(), [](const Tunable& t) { return t.collective; })));
     }
     Rule rule{.collective = collective};
     char* end = nullptr;
@@ -56,16 +84,14 @@ TuningTable TuningTable::parse(std::string_view text, const std::string& origin)
       }
       rule.upTo = static_cast<size_t>(v);
     }
-    if (algorithm == "ring") {
-      rule.algorithm = Algorithm::Ring;
-    } else if (algorithm == "tree") {
-      rule.algorithm = Algorithm::Tree;
-    } else if (algorithm == "recursive_doubling" && collective == "allreduce") {
-      rule.algorithm = Algorithm::RecursiveDoubling;
-    } else {
-      throw bad(fmt::format("unknown algorithm '{}' for {} (ring, tree{})", algorithm, collective,
-                            collective == "allreduce" ? ", recursive_doubling" : ""));
+    auto names = [](Algorithm a) { return toString(a); };
+    auto it = std::find_if(tunable->algorithms.begin(), tunable->algorithms.end(),
+                           [&](Algorithm a) { return algorithm == toString(a); });
+    if (it == tunable->algorithms.end()) {
+      throw bad(fmt::format("unknown algorithm '{}' for {} ({})", algorithm, collective,
+                            listOf(tunable->algorithms, names)));
     }
+    rule.algorithm = *it;
     table.rules_.push_back(std::move(rule));
   }
   return table;

@@ -149,7 +149,11 @@ struct VerbsBackend::Impl {
                              size_t gatheredBytes) const {
     Algorithm algo = requested;
     if (algo == Algorithm::Auto) {
-      algo = gatheredBytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
+      if (auto tuned = tuning.lookup("allgather", size, gatheredBytes)) {
+        algo = *tuned;
+      } else {
+        algo = gatheredBytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
+      }
     }
     if (algo == Algorithm::Ring) return algorithms::ringAllgather(rank, size, blocks);
     if (algo == Algorithm::Linear) return algorithms::linearAllgather(rank, size, blocks);

@@ -1,4 +1,4 @@
-// rdmacc-tune: measures every algorithm of allreduce and broadcast at sizes
+// rdmacc-tune: measures every algorithm of allreduce, broadcast and allgather at sizes
 // from -b to -e on this machine and group, and writes the fastest per size as
 // a tuning table (RDMACC_TUNE_FILE). Start it with a launcher:
 //   rdmacc-run -n 4 -- rdmacc-tune -o rdmacc-tune.txt
@@ -34,7 +34,8 @@ void usage(FILE* out) {
   fmt::print(
       out,
       "usage: rdmacc-tune [-o FILE] [-b MIN] [-e MAX] [-n ITERS]\n"
-      "Times ring, tree (and recursive doubling) allreduce and chain and tree broadcast, MIN..MAX\n"
+      "Times ring, tree (and recursive doubling) allreduce, chain and tree broadcast and ring and\n"
+      "linear allgather (size: the gathered output), MIN..MAX\n"
       "(factor 4; default 8 B .. 16M) on this group and writes the fastest per size to FILE\n"
       "(default rdmacc-tune.txt): use it with RDMACC_TUNE_FILE=FILE. Start it like the\n"
       "job it tunes: rdmacc-run -n 4 -- rdmacc-tune -o tune.txt\n");
@@ -87,20 +88,30 @@ int run(const Args& args) {
   const bool lead = backend->getRank() == 0;
   TuningTable table;
   std::vector<float> buffer(args.maxBytes / sizeof(float) + 1, 1.0f);
-  for (const char* collective : {"allreduce", "broadcast"}) {
+  for (const char* collective : {"allreduce", "broadcast", "allgather"}) {
+    const std::string name = collective;
     Algorithm last = Algorithm::Auto;
     size_t lastSize = 0;
     for (size_t bytes = args.minBytes; bytes <= args.maxBytes; bytes *= 4) {
       std::vector<Tensor> t{Tensor{buffer.data(), bytes / sizeof(float), DataType::Float32}};
+      // allgather: `bytes` is the gathered output; each rank's block is in it (in place).
+      size_t block = bytes / sizeof(float) / static_cast<size_t>(n);
+      Tensor gathered{buffer.data(), block * static_cast<size_t>(n), DataType::Float32};
+      Tensor mine{buffer.data() + block * static_cast<size_t>(backend->getRank()), block,
+                  DataType::Float32};
       std::map<Algorithm, double> times;
       std::vector<Algorithm> candidates{Algorithm::Tree, Algorithm::Ring};
-      if (std::string(collective) == "allreduce" && n > 1 && (n & (n - 1)) == 0) {
+      if (name == "allreduce" && n > 1 && (n & (n - 1)) == 0) {
         candidates.push_back(Algorithm::RecursiveDoubling);
       }
+      if (name == "allgather") candidates = {Algorithm::Linear, Algorithm::Ring};
       for (Algorithm algorithm : candidates) {
         double us = timeIt(*backend, args.iterations, [&]() {
-          if (std::string(collective) == "allreduce")
+          if (name == "allreduce")
             return backend->allreduce(t, AllreduceOptions{.algorithm = algorithm});
+          if (name == "allgather")
+            return backend->_allgather_base(gathered, mine,
+                                            AllgatherOptions{.algorithm = algorithm});
           return backend->broadcast(t, BroadcastOptions{.algorithm = algorithm});
         });
         if (lead) {

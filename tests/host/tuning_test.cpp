@@ -42,8 +42,16 @@ TEST(Tuning, BadLinesAreNamedWithFileAndLine) {
     return std::string("no error");
   };
   EXPECT_NE(message("allreduce 4 1024\n").find("tune.txt:1: expected 4 fields"), std::string::npos);
-  EXPECT_NE(message("\nallgather 4 1024 ring\n").find("tune.txt:2: unknown collective"),
+  EXPECT_NE(
+      message("\nalltoall 4 1024 ring\n")
+          .find("tune.txt:2: unknown collective 'alltoall' (allreduce, broadcast, allgather)"),
+      std::string::npos);
+  EXPECT_NE(message("allgather 4 1024 tree\n")
+                .find("unknown algorithm 'tree' for allgather (ring, linear)"),
             std::string::npos);
+  EXPECT_EQ(TuningTable::parse("allgather 4 1024 linear\nallgather 4 max ring\n", "t")
+                .lookup("allgather", 4, 512),
+            Algorithm::Linear);
   EXPECT_NE(message("allreduce 0 1024 ring\n").find("bad rank count"), std::string::npos);
   EXPECT_NE(message("allreduce 4 -5 ring\n").find("bad byte bound"), std::string::npos);
   EXPECT_NE(message("allreduce 4 1k ring\n").find("bad byte bound"), std::string::npos);
