@@ -23,6 +23,10 @@ using namespace std::chrono_literals;
 constexpr auto kResolveTimeout = 5000ms;
 constexpr auto kRetryDelay = 200ms;
 
+constexpr const char* kMissingHint =
+    "start every rank (WORLD_SIZE must match the number of processes), check their output for "
+    "errors, or raise RDMACC_CONNECT_TIMEOUT";
+
 std::string rankList(const std::vector<int>& ranks) {
   return fmt::format("{}", fmt::join(ranks, ", "));
 }
@@ -285,6 +289,18 @@ struct Mesh::Setup {
       if (c == nullptr || c->id.get() != event->id) continue;
       if (event->event == RDMA_CM_EVENT_DISCONNECTED) {
         int peer = static_cast<int>(i) / mesh.qpsPerPeer_;
+        // A peer that gave up waiting for ranks that never came (its own
+        // connect timeout ran out first) leaves: the absent ranks are the
+        // cause worth naming, as that peer does.
+        if (Missing m = missing(); !m.absent.empty()) {
+          throw Error(ErrorInfo{
+              .kind = ErrorKind::Timeout,
+              .message = fmt::format("rank {} of {}: the group did not form: rank {} gave up "
+                                     "(disconnected) while {}",
+                                     mesh.rank_, mesh.size_, peer, m.what),
+              .peerRank = m.ranks.size() == 1 ? m.ranks.front() : -1,
+              .hint = kMissingHint});
+        }
         throw Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
                               .message = "a peer disconnected while the group was forming",
                               .peerRank = peer,
@@ -320,7 +336,13 @@ struct Mesh::Setup {
     discard.clear();
   }
 
-  [[noreturn]] void timeout() {
+  // The ranks not (fully) connected yet: never published an address, or did
+  // but did not connect; `what` describes them for an error message.
+  struct Missing {
+    std::vector<int> absent, ranks;
+    std::string what;
+  };
+  Missing missing() {
     std::vector<int> absent, unconnected;
     for (int peer = 0; peer < mesh.size_; ++peer) {
       if (peer == mesh.rank_) continue;
@@ -341,16 +363,19 @@ struct Mesh::Setup {
       what += fmt::format("{}rank(s) {} arrived but did not connect", what.empty() ? "" : "; ",
                           rankList(unconnected));
     }
-    std::vector<int> missing = absent;
-    missing.insert(missing.end(), unconnected.begin(), unconnected.end());
-    throw Error(ErrorInfo{
-        .kind = ErrorKind::Timeout,
-        .message = fmt::format("rank {} of {}: the group did not form within {} ms: {}", mesh.rank_,
-                               mesh.size_, connectTimeout.count(), what),
-        .peerRank = missing.size() == 1 ? missing.front() : -1,
-        .hint =
-            "start every rank (WORLD_SIZE must match the number of processes), check their output "
-            "for errors, or raise RDMACC_CONNECT_TIMEOUT"});
+    Missing m{.absent = absent, .ranks = absent, .what = what};
+    m.ranks.insert(m.ranks.end(), unconnected.begin(), unconnected.end());
+    return m;
+  }
+
+  [[noreturn]] void timeout() {
+    Missing m = missing();
+    throw Error(
+        ErrorInfo{.kind = ErrorKind::Timeout,
+                  .message = fmt::format("rank {} of {}: the group did not form within {} ms: {}",
+                                         mesh.rank_, mesh.size_, connectTimeout.count(), m.what),
+                  .peerRank = m.ranks.size() == 1 ? m.ranks.front() : -1,
+                  .hint = kMissingHint});
   }
 
   void checkAbort() {

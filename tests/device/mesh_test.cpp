@@ -200,6 +200,39 @@ TEST(InProcess, MissingRankIsNamedAfterTheTimeout) {
   }
 }
 
+// Rank 0 gives up first (shorter timeout) and disconnects from rank 1: rank 1
+// names the rank that never came, as rank 0 does, not rank 0's departure.
+TEST(InProcess, PeerGivingUpOnAMissingRankIsNotBlamed) {
+  HashStore store(20s);
+  std::array<std::string, 2> errors;
+  std::array<int, 2> blamed{-1, -1};
+  std::array<Clock::duration, 2> took{};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      Config config = quickConfig({{"RDMACC_CONNECT_TIMEOUT", r == 0 ? "2s" : "15s"}});
+      auto start = Clock::now();
+      try {
+        Mesh mesh(store, r, 3, config, MeshOptions{.group = "gives-up"});
+        errors[static_cast<size_t>(r)] = "formed without rank 2";
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        EXPECT_EQ(e.kind(), ErrorKind::Timeout) << e.what();
+        blamed[static_cast<size_t>(r)] = e.peerRank();
+      }
+      took[static_cast<size_t>(r)] = Clock::now() - start;
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank(s) 2 never arrived"), std::string::npos)
+        << errors[static_cast<size_t>(r)];
+    EXPECT_EQ(blamed[static_cast<size_t>(r)], 2);
+  }
+  EXPECT_NE(errors[1].find("rank 0 gave up"), std::string::npos) << errors[1];
+  EXPECT_LT(took[1], 10s) << "rank 1 waited for its own timeout";
+}
+
 TEST(InProcess, StrangerWithWrongTokenIsRejectedAndTheGroupStillForms) {
   HashStore store(20s);
   Config config = quickConfig({{"RDMACC_CONNECT_TIMEOUT", "20s"}});
