@@ -58,7 +58,7 @@ constexpr std::array kOptions = {
     "smallest message payload sent zero-copy from registered memory (smaller ones are copied)", 0, 1 << 30},
   OptionSpec{"RDMACC_TREE_MAX_BYTES", Int, "65536", "bytes",
     "auto algorithm choice: allreduce and broadcast up to this size use trees (allreduce in power-of-two groups: recursive doubling), larger ones ring/chain; "
-    "allgathers up to this gathered size go to every rank in one step (linear), larger ones around the ring", 0, int64_t{1} << 40},
+    "allgathers up to this gathered size and reduce_scatters up to this input size go to every rank in one step (linear), larger ones around the ring", 0, int64_t{1} << 40},
   OptionSpec{"RDMACC_TUNE_FILE", String, "", "",
     "tuning table written by rdmacc-tune: the algorithm per collective, world size and size (below RDMACC_ALGO_*)", 0, 0},
   OptionSpec{"RDMACC_ALGO_ALLREDUCE", String, "auto", "",

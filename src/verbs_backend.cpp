@@ -160,6 +160,56 @@ struct VerbsBackend::Impl {
     invalid(fmt::format("allgather has no {} algorithm", toString(algo)), "use ring or linear");
   }
 
+  // Reduce-scatter of every rank's whole input, laid out in `blocks` in the
+  // returned scratch (the caller's prologue fills it), into `out`: around the
+  // ring, or for latency-bound sizes (the total is the same on every rank) in
+  // one step: rank p gets block p from everyone and combines the
+  // contributions in rank order (the same sums whatever arrives first).
+  uint8_t* planReduceScatter(Operation& op, Algorithm requested, const std::vector<Range>& blocks,
+                             size_t totalBytes, const Tensor& out, ReduceOp reduceOp) const {
+    Algorithm algo = requested;
+    if (algo == Algorithm::Auto) {
+      algo = totalBytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
+    }
+    if (algo != Algorithm::Ring && algo != Algorithm::Linear) {
+      invalid(fmt::format("reduce_scatter has no {} algorithm", toString(algo)),
+              "use ring or linear");
+    }
+    const bool avg = reduceOp == ReduceOp::Avg;
+    const Range mine = blocks[static_cast<size_t>(rank)];
+    op.dtype = out.dtype;
+    op.reduceOp = reduceOp;
+    if (algo == Algorithm::Ring) {
+      op.scratch.resize(totalBytes);
+      uint8_t* flat = op.scratch.data();
+      op.schedule = algorithms::ringReduceScatter(rank, size, blocks, avg);
+      op.sendBase = op.recvBase = flat;
+      op.avgDivisor = avg ? size : 0;
+      op.epilogue = [flat, out, mine] {
+        if (mine.bytes > 0) std::memcpy(out.data, flat + mine.offset, mine.bytes);
+      };
+      return flat;
+    }
+    op.scratch.resize(totalBytes + static_cast<size_t>(size - 1) * mine.bytes);
+    uint8_t* flat = op.scratch.data();
+    uint8_t* gathered = flat + totalBytes;
+    op.schedule = algorithms::linearReduceScatter(rank, size, blocks);
+    op.sendBase = flat;
+    op.recvBase = gathered;
+    op.epilogue = [flat, gathered, out, mine, me = rank, n = size, reduceOp, avg] {
+      if (mine.bytes == 0) return;
+      auto part = [&](int r) -> const uint8_t* {
+        if (r == me) return flat + mine.offset;
+        return gathered + static_cast<size_t>(r < me ? r : r - 1) * mine.bytes;
+      };
+      size_t count = mine.bytes / elementSize(out.dtype);
+      std::memcpy(out.data, part(0), mine.bytes);
+      for (int r = 1; r < n; ++r) reduceInto(out.data, part(r), count, out.dtype, reduceOp);
+      if (avg) divideBy(out.data, count, out.dtype, n);
+    };
+    return flat;
+  }
+
   // Sizes may differ between ranks, so only the group decides: every pair at
   // once in small groups, pairwise steps (no incast) in larger ones.
   Schedule alltoallSchedule(Algorithm requested, const std::vector<Range>& sendBlocks,
@@ -585,30 +635,16 @@ std::shared_ptr<Work> VerbsBackend::_reduce_scatter_base(Tensor& output, Tensor&
         toString(input.dtype)));
   }
   checkReduce(opts.reduceOp, input.dtype, opts.preMulFactor, "reduce_scatter");
-  if (opts.algorithm != Algorithm::Auto && opts.algorithm != Algorithm::Ring) {
-    invalid("reduce_scatter has a ring only");
-  }
   auto op = s.collective(OpType::ReduceScatterBase, opts.timeout);
   size_t es = elementSize(input.dtype);
-  op->scratch.resize(input.bytes());
-  uint8_t* flat = op->scratch.data();
   auto blocks = evenBlocks(input.numel, size_, es);
-  bool avg = opts.reduceOp == ReduceOp::Avg;
-  op->schedule = algorithms::ringReduceScatter(rank_, size_, blocks, avg);
-  op->sendBase = op->recvBase = flat;
-  op->dtype = input.dtype;
-  op->reduceOp = opts.reduceOp;
-  op->avgDivisor = avg ? size_ : 0;
-  Tensor in = input, out = output;
+  Tensor in = input;
   ReduceOp reduceOp = opts.reduceOp;
   double factor = opts.preMulFactor;
-  Range mine = blocks[static_cast<size_t>(rank_)];
+  uint8_t* flat = s.planReduceScatter(*op, opts.algorithm, blocks, input.bytes(), output, reduceOp);
   op->prologue = [flat, in, reduceOp, factor] {
     if (in.bytes() > 0) std::memcpy(flat, in.data, in.bytes());
     if (reduceOp == ReduceOp::PreMulSum) scaleBy(flat, in.numel, in.dtype, factor);
-  };
-  op->epilogue = [flat, out, mine] {
-    if (mine.bytes > 0) std::memcpy(out.data, flat + mine.offset, mine.bytes);
   };
   op->checkValue = checkValue(input.bytes(), static_cast<uint64_t>(reduceOp),
                               static_cast<uint64_t>(input.dtype));
@@ -629,29 +665,19 @@ std::shared_ptr<Work> VerbsBackend::reduce_scatter(std::vector<Tensor>& outputs,
   checkReduce(opts.reduceOp, out.dtype, opts.preMulFactor, "reduce_scatter");
   auto op = s.collective(OpType::ReduceScatter, opts.timeout);
   size_t bytes = out.bytes();
-  op->scratch.resize(bytes * static_cast<size_t>(size_));
-  uint8_t* flat = op->scratch.data();
   std::vector<Range> blocks = uniformBlocks(bytes, size_);
-  bool avg = opts.reduceOp == ReduceOp::Avg;
-  op->schedule = algorithms::ringReduceScatter(rank_, size_, blocks, avg);
-  op->sendBase = op->recvBase = flat;
-  op->dtype = out.dtype;
-  op->reduceOp = opts.reduceOp;
-  op->avgDivisor = avg ? size_ : 0;
+  uint8_t* flat = s.planReduceScatter(*op, opts.algorithm, blocks,
+                                      bytes * static_cast<size_t>(size_), out, opts.reduceOp);
   std::vector<Tensor> ins = inputs[0];
   Tensor output = out;
   ReduceOp reduceOp = opts.reduceOp;
   double factor = opts.preMulFactor;
   size_t count = out.numel * static_cast<size_t>(size_);
-  Range mine = blocks[static_cast<size_t>(rank_)];
   op->prologue = [flat, ins, bytes, reduceOp, factor, count, output] {
     for (size_t r = 0; r < ins.size(); ++r) {
       if (bytes > 0) std::memcpy(flat + r * bytes, ins[r].data, bytes);
     }
     if (reduceOp == ReduceOp::PreMulSum) scaleBy(flat, count, output.dtype, factor);
-  };
-  op->epilogue = [flat, output, mine] {
-    if (mine.bytes > 0) std::memcpy(output.data, flat + mine.offset, mine.bytes);
   };
   op->checkValue =
       checkValue(bytes, static_cast<uint64_t>(reduceOp), static_cast<uint64_t>(out.dtype));

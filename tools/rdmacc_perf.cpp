@@ -69,7 +69,7 @@ void usage(FILE* out) {
       "max, avg\n"
       "  -r  root rank (default 0)                                  -a  algorithm: auto, ring, "
       "tree,\n      recursive_doubling (allreduce, power-of-two groups), linear (allgather, "
-      "alltoall), pairwise (alltoall)\n"
+      "reduce_scatter, alltoall), pairwise (alltoall)\n"
       "  --check  verify every element of every size (#wrong column)\n"
       "  -R       register the buffers with the backend (zero-copy sends, as nccl-tests -R)\n"
       "  --json FILE  write the results as JSON\n"
@@ -370,7 +370,8 @@ class CollectiveBench {
     }
     if (c == "reduce_scatter") {
       Tensor out = buf_->tensor(), in = out_->tensor();
-      return backend_->_reduce_scatter_base(out, in, ReduceScatterOptions{.reduceOp = args_.op});
+      return backend_->_reduce_scatter_base(
+          out, in, ReduceScatterOptions{.reduceOp = args_.op, .algorithm = args_.algorithm});
     }
     if (c == "alltoall") {
       Tensor out = out_->tensor(), in = buf_->tensor();

@@ -64,7 +64,9 @@ struct ReduceScatterOptions {
   ReduceOp reduceOp = ReduceOp::Sum;
   double preMulFactor = 1.0;
   std::chrono::milliseconds timeout = kUseDefaultTimeout;
-  Algorithm algorithm = Algorithm::Auto;  // Ring
+  // Ring, or Linear (rank p gets block p from everyone in one step and sums
+  // in rank order); Auto: Linear up to RDMACC_TREE_MAX_BYTES of input, Ring above.
+  Algorithm algorithm = Algorithm::Auto;
 };
 
 struct AllToAllOptions {

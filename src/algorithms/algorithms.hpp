@@ -47,6 +47,10 @@ Schedule linearScatter(int rank, int size, int root, const std::vector<Range>& s
 // Every rank sends its block to every other rank at once: one step instead of
 // the ring's n-1 hops (latency-bound sizes).
 Schedule linearAllgather(int rank, int size, const std::vector<Range>& blocks);
+// Rank p gets block p of every rank's send buffer in one step, into its
+// receive buffer as n-1 blocks of blocks[rank].bytes in rank order (itself
+// skipped); the caller combines them (reduce-scatter for latency-bound sizes).
+Schedule linearReduceScatter(int rank, int size, const std::vector<Range>& blocks);
 // Every pair exchanges at once (pairwise's n-1 steps as one).
 Schedule linearAlltoall(int rank, int size, const std::vector<Range>& sendBlocks,
                         const std::vector<Range>& recvBlocks);

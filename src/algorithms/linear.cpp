@@ -42,6 +42,19 @@ Schedule linearAllgather(int rank, int size, const std::vector<Range>& blocks) {
   return Schedule{std::move(step)};
 }
 
+Schedule linearReduceScatter(int rank, int size, const std::vector<Range>& blocks) {
+  if (size == 1) return {};
+  Step step;
+  size_t part = blocks[static_cast<size_t>(rank)].bytes;
+  for (int i = 1; i < size; ++i) {
+    int to = (rank + i) % size, from = (rank - i + size) % size;
+    size_t slot = static_cast<size_t>(from < rank ? from : from - 1);
+    step.sends.push_back(SendSpec{to, blocks[static_cast<size_t>(to)], {}});
+    step.recvs.push_back(RecvSpec{from, Range{slot * part, part}, Combine::Copy});
+  }
+  return Schedule{std::move(step)};
+}
+
 Schedule linearAlltoall(int rank, int size, const std::vector<Range>& sendBlocks,
                         const std::vector<Range>& recvBlocks) {
   if (size == 1) return {};

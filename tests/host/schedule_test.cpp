@@ -219,6 +219,35 @@ void checkAllgatherAndAlltoall(int n, bool linear) {
   }
 }
 
+TEST_P(Sizes, LinearReduceScatterHandsRankRBlockRFromEveryone) {
+  const int n = GetParam();
+  const size_t count = 3 * static_cast<size_t>(n) + 1;  // uneven blocks
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  auto blocks = evenBlocks(count, n, 1);
+  for (int r = 0; r < n; ++r) {
+    auto& x = ranks[static_cast<size_t>(r)];
+    x.sameBuffer = false;
+    x.schedule = algorithms::linearReduceScatter(r, n, blocks);
+    EXPECT_LE(x.schedule.size(), 1u);
+    x.sendBuf.resize(count);
+    for (size_t i = 0; i < count; ++i) x.sendBuf[i] = v(r, i);
+    x.recvBuf.assign(static_cast<size_t>(n - 1) * blocks[static_cast<size_t>(r)].bytes, 0);
+  }
+  simulate(ranks);
+  for (int r = 0; r < n; ++r) {
+    const Range& mine = blocks[static_cast<size_t>(r)];
+    for (int q = 0; q < n; ++q) {
+      if (q == r) continue;
+      size_t slot = static_cast<size_t>(q < r ? q : q - 1);
+      for (size_t i = 0; i < mine.bytes; ++i) {
+        EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf[slot * mine.bytes + i],
+                  v(q, mine.offset + i))
+            << "rank " << r << " from " << q;
+      }
+    }
+  }
+}
+
 TEST_P(Sizes, AllgatherAndAlltoallRingPairwiseAndLinear) {
   const int n = GetParam();
   for (bool linear : {false, true}) {
