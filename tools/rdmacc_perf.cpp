@@ -3,6 +3,9 @@
 //      the nccl-tests table and definitions (algbw = size / time; busbw = algbw x factor);
 //   -c write  point-to-point RDMA WRITE bandwidth and latency between two ranks,
 //      printed like ib_write_bw / ib_write_lat.
+#include <sys/resource.h>
+
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -59,7 +63,8 @@ void usage(FILE* out) {
       "Start it with a launcher: rdmacc-run -n 4 -- rdmacc-perf -c allreduce -b 8 -e 16M\n"
       "  -c  allreduce (default), broadcast, reduce, allgather, reduce_scatter, alltoall, gather,\n"
       "      scatter, sendrecv, barrier; or write (RDMA WRITE between 2 ranks, like "
-      "ib_write_bw/lat)\n"
+      "ib_write_bw/lat);\n"
+      "      or idle (form the group, then stay idle -n seconds: CPU time per rank, % of a core)\n"
       "  -b  smallest size in bytes (default 8; suffixes K, M, G)   -e  largest size (default 8M)\n"
       "  -f  size multiplication factor (default 2)                 -n  iterations per size "
       "(default 20)\n"
@@ -174,7 +179,7 @@ Args parse(int argc, char** argv) {
   }
   static const std::vector<std::string> kKnown = {
       "allreduce", "broadcast", "reduce",   "allgather", "reduce_scatter", "alltoall",
-      "gather",    "scatter",   "sendrecv", "barrier",   "write"};
+      "gather",    "scatter",   "sendrecv", "barrier",   "write",          "idle"};
   if (std::find(kKnown.begin(), kKnown.end(), a.collective) == kKnown.end()) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("-c {} is not a collective", a.collective),
                 "see rdmacc-perf --help for the list");
@@ -183,6 +188,7 @@ Args parse(int argc, char** argv) {
     throw Error(ErrorKind::InvalidArgument, "--replot needs --csv FILE and --plot FILE.png");
   }
   if (a.collective == "write" && !a.iterationsGiven) a.iterations = 1000;
+  if (a.collective == "idle" && !a.iterationsGiven) a.iterations = 10;  // seconds
   if (a.collective == "write" && a.minBytes < 1) a.minBytes = 1;
   if (a.mode != "bw" && a.mode != "lat" && a.mode != "all") {
     throw Error(ErrorKind::InvalidArgument, fmt::format("-m {} is not bw, lat or all", a.mode));
@@ -758,6 +764,38 @@ int runCollective(const Args& args) {
 
 }  // namespace
 
+// What an idle backend costs: after one barrier every rank sleeps -n seconds
+// while its backend waits for work, and reports the CPU time its process
+// used meanwhile (getrusage: every thread, user and system).
+int runIdle(const Args& args) {
+  auto backend = initFromEnvironment();
+  backend->barrier()->wait();
+  auto cpuSeconds = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+    return s(u.ru_utime) + s(u.ru_stime);
+  };
+  double cpu0 = cpuSeconds();
+  auto start = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(args.iterations));
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double percent = 100 * (cpuSeconds() - cpu0) / wall;
+  fmt::print("# idle: rank {} used {:.3f}% of a core over {:.1f} s\n", backend->getRank(), percent,
+             wall);
+  std::array<double, 2> stats{percent, percent};  // max, sum
+  std::vector<Tensor> maxT{Tensor{&stats[0], 1, DataType::Float64}};
+  std::vector<Tensor> sumT{Tensor{&stats[1], 1, DataType::Float64}};
+  backend->allreduce(maxT, AllreduceOptions{.reduceOp = ReduceOp::Max})->wait();
+  backend->allreduce(sumT, AllreduceOptions{.reduceOp = ReduceOp::Sum})->wait();
+  if (backend->getRank() == 0) {
+    fmt::print("# idle: {} ranks, {} s: max {:.3f}% of a core per rank, mean {:.3f}%\n",
+               backend->getSize(), args.iterations, stats[0], stats[1] / backend->getSize());
+  }
+  backend->barrier()->wait();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   try {
     Args args = parse(argc, argv);
@@ -765,6 +803,7 @@ int main(int argc, char** argv) {
       plotCsv(args.csv, args.plot);
       return 0;
     }
+    if (args.collective == "idle") return runIdle(args);
     if (args.collective != "write") return runCollective(args);
     Config config = Config::load();
     GroupEnvironment group = groupFromEnvironment(config);
