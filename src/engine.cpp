@@ -163,7 +163,7 @@ struct Active {
   // destinations writable until the operation ends.
   std::vector<std::pair<int, Header>> advertsToSend;
   size_t advertsSent = 0;
-  std::vector<std::vector<char>> advertised;
+  std::vector<std::vector<char>> advertised;  // empty: nothing advertised
   std::vector<std::shared_ptr<const Registration>> exposed;
   bool started = false;
   bool finished = false;  // collectives: every step and the epilogue done
@@ -675,11 +675,15 @@ struct Engine::Impl {
   // depends on.
   void prepareAdverts(Active& a) {
     const Operation& op = *a.op;
+    // Nothing registered (the common case): no bookkeeping per operation.
+    if (options.registrations == nullptr || op.recvBase == nullptr ||
+        options.registrations->entries() == 0) {
+      return;
+    }
     a.advertised.assign(op.schedule.size(), {});
     for (size_t k = 0; k < op.schedule.size(); ++k) {
       const auto& recvs = op.schedule[k].recvs;
       a.advertised[k].assign(recvs.size(), 0);
-      if (options.registrations == nullptr || op.recvBase == nullptr) continue;
       for (size_t j = 0; j < recvs.size(); ++j) {
         const RecvSpec& r = recvs[j];
         if (r.combine != Combine::Copy || r.range.bytes == 0 ||
@@ -799,7 +803,7 @@ struct Engine::Impl {
           InboxIt in = *found;
           uint8_t* dst = op.recvBase + recv.range.offset + a.received[j];
           if (in->header.flags & kDirect) {  // the payload is already in place
-            if (!a.advertised[a.step][j]) {
+            if (a.advertised.empty() || !a.advertised[a.step][j]) {
               throw Error(ErrorInfo{
                   .kind = ErrorKind::Protocol,
                   .message = fmt::format("rank {} wrote {} directly, but this rank did not "
