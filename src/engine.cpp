@@ -23,6 +23,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "src/buffer.hpp"
+#include "src/credits.hpp"
 #include "src/mesh.hpp"
 #include "src/reduce.hpp"
 #include "src/registration_cache.hpp"
@@ -36,7 +37,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x52434d47;  // "RCMG"
-constexpr uint32_t kCreditBit = 0x80000000u;
 constexpr auto kDepartureGrace = std::chrono::milliseconds(200);
 // A sleeping thread with pending work wakes at least this often (deadlines).
 constexpr auto kSleepSlice = std::chrono::microseconds(20000);
@@ -374,14 +374,27 @@ struct Engine::Impl {
   }
 
   // Hands a consumed slot back to its sender: on the next message to it, or
-  // by a credit message once the engine has nothing else to do (step()) or
-  // half the peer's slots wait (so a one-way stream never stalls).
+  // by a credit message once half the peer's slots wait (so a one-way stream
+  // never stalls), or when the engine has nothing else to do and the peer may
+  // be short of slots (step()).
   void release(int peer, int slot) {
     PeerState& p = peers[static_cast<size_t>(peer)];
     p.pendingCredits.push_back(slot);
     if (p.pendingCredits.size() * 2 >= static_cast<size_t>(options.slotsPerPeer)) {
       flushCredits(peer);
     }
+  }
+
+  // Whether the peer may be short of slots in our region: at least half of
+  // them are consumed but not handed back, or hold messages we have not
+  // consumed yet. Below that the peer still has half its window (less what
+  // is in flight to us, which arrives and is counted then), so credits can
+  // wait for a message to ride on instead of costing a post each: a rank
+  // that only receives (broadcast, the leaves of a tree) used to send one
+  // credit message per operation.
+  bool peerMayStall(const PeerState& p) const {
+    return !p.pendingCredits.empty() && (p.pendingCredits.size() + p.inbox.size()) * 2 >=
+                                            static_cast<size_t>(options.slotsPerPeer);
   }
 
   static uint64_t takePiggybackCredits(PeerState& p) {
@@ -405,13 +418,12 @@ struct Engine::Impl {
       verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(peer), 0}),
                             .remoteAddr = p.remoteBase,
                             .rkey = p.rkey,
-                            .imm = kCreditBit | static_cast<uint32_t>(p.pendingCredits.front()),
+                            .imm = credits::take(p.pendingCredits),
                             .signaled = mustSignal(p, lane, false)};
       if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
         throw verbs::verbsError("ibv_post_send", rc,
-                                fmt::format("returning a credit to rank {}", peer));
+                                fmt::format("returning credits to rank {}", peer));
       }
-      p.pendingCredits.pop_front();
       posted(lane, -1, w.signaled);
       any = true;
     }
@@ -476,18 +488,22 @@ struct Engine::Impl {
       throw verbs::verbsError("ibv_post_recv", rc,
                               fmt::format("reposting a receive for rank {}", peer));
     }
-    int slot = static_cast<int>(imm & 0xffffu);
-    if (slot >= options.slotsPerPeer) {
-      throw Error(ErrorInfo{
+    auto badSlot = [&](int slot) {
+      return Error(ErrorInfo{
           .kind = ErrorKind::Protocol,
           .message = fmt::format("rank {} used slot {} of {}", peer, slot, options.slotsPerPeer),
           .peerRank = peer,
           .hint = "every rank must use the same RDMACC_SLOTS_PER_PEER"});
-    }
-    if (imm & kCreditBit) {
-      p.freeRemote.push_back(slot);
+    };
+    if (credits::isCredit(imm)) {
+      credits::forEach(imm, [&](int slot) {
+        if (slot >= options.slotsPerPeer) throw badSlot(slot);
+        p.freeRemote.push_back(slot);
+      });
       return;
     }
+    const int slot = static_cast<int>(imm & 0xffffu);
+    if (slot >= options.slotsPerPeer) throw badSlot(slot);
     Incoming in{slot, {}, arrivals++};
     std::memcpy(&in.header, recvSlot(peer, slot), sizeof in.header);
     if (in.header.magic != kMagic || in.header.payload > chunk ||
@@ -1083,10 +1099,12 @@ struct Engine::Impl {
     if (!broken) progress |= advancePointToPoint();
     if (!broken) checkDeadlines();
     // Credits that found no message to ride on go now, before the engine
-    // spins or sleeps: a peer may be waiting for them.
+    // spins or sleeps, to a peer that may be waiting for them.
     if (!progress) {
       for (int peer = 0; peer < size; ++peer) {
-        if (peer != rank) progress |= flushCredits(peer);
+        if (peer != rank && peerMayStall(peers[static_cast<size_t>(peer)])) {
+          progress |= flushCredits(peer);
+        }
       }
     }
     return progress;

@@ -11,7 +11,7 @@
 namespace rdmacc::handshake {
 
 constexpr uint32_t kMagic = 0x43434452;  // "RDCC"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr size_t kHelloBytes = 32;  // fits the 56 bytes of an IB CM REQ
 constexpr size_t kRejectBytes = 8;
 

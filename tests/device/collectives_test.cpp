@@ -693,11 +693,15 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   ::testing::InitGoogleTest(&argc, argv);
   try {
-    // Small slots so that every size here crosses chunk and credit boundaries.
+    // Small slots so that every size here crosses chunk and credit boundaries;
+    // a run may ask for more slots (credits returned in several groups).
     rdmacc::VerbsBackend::Options options;
     options.groupName = "collectives";
     options.timeout = std::chrono::seconds(120);
-    options.config = {{"RDMACC_SLOT_BYTES", "1024"}, {"RDMACC_SLOTS_PER_PEER", "4"}};
+    options.config = {{"RDMACC_SLOT_BYTES", "1024"}};
+    if (std::getenv("RDMACC_SLOTS_PER_PEER") == nullptr) {
+      options.config["RDMACC_SLOTS_PER_PEER"] = "4";
+    }
     rdmacc::gBackend = rdmacc::initFromEnvironment(options);
     rdmacc::R = rdmacc::gBackend->getRank();
     rdmacc::N = rdmacc::gBackend->getSize();

@@ -1,0 +1,52 @@
+#include "src/credits.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <vector>
+
+namespace rdmacc {
+namespace {
+
+std::vector<int> decode(uint32_t imm) {
+  std::vector<int> slots;
+  credits::forEach(imm, [&](int slot) { slots.push_back(slot); });
+  return slots;
+}
+
+TEST(Credits, OneMessageHandsBackEverySlotOfAGroup) {
+  std::deque<int> pending{3, 17, 5, 40, 16, 0, 15};
+  uint32_t first = credits::take(pending);
+  EXPECT_TRUE(credits::isCredit(first));
+  EXPECT_EQ(decode(first), (std::vector<int>{0, 3, 5, 15}));
+  EXPECT_EQ(pending, (std::deque<int>{17, 40, 16}));
+  EXPECT_EQ(decode(credits::take(pending)), (std::vector<int>{16, 17}));
+  EXPECT_EQ(decode(credits::take(pending)), (std::vector<int>{40}));
+  EXPECT_TRUE(pending.empty());
+}
+
+TEST(Credits, EverySlotUpToTheLimitRoundTrips) {
+  for (int slot : {0, 1, 15, 16, 63, 64, 4095, credits::kMaxSlots - 1}) {
+    std::deque<int> pending{slot};
+    uint32_t imm = credits::take(pending);
+    EXPECT_TRUE(credits::isCredit(imm)) << slot;
+    EXPECT_EQ(decode(imm), std::vector<int>{slot});
+  }
+  // A data message's immediate is its slot: never taken for a credit.
+  EXPECT_FALSE(credits::isCredit(0xffffu));
+}
+
+TEST(Credits, AFullGroupFitsOneMessage) {
+  std::deque<int> pending;
+  for (int slot = 47; slot >= 32; --slot) pending.push_back(slot);
+  std::vector<int> all = decode(credits::take(pending));
+  EXPECT_TRUE(pending.empty());
+  ASSERT_EQ(all.size(), 16u);
+  EXPECT_TRUE(std::is_sorted(all.begin(), all.end()));
+  EXPECT_EQ(all.front(), 32);
+  EXPECT_EQ(all.back(), 47);
+}
+
+}  // namespace
+}  // namespace rdmacc
