@@ -7,7 +7,7 @@
 
 #include <bit>
 #include <cstdint>
-#include <deque>
+#include <vector>
 
 namespace rdmacc::credits {
 
@@ -22,7 +22,7 @@ constexpr bool isCredit(uint32_t imm) noexcept {
 // Removes the first pending slot and every other slot of its group from
 // `pending` and returns the immediate that hands them back. `pending` must
 // not be empty; slots are in [0, kMaxSlots).
-inline uint32_t take(std::deque<int>& pending) {
+inline uint32_t take(std::vector<int>& pending) {
   const int group = pending.front() / kGroup;
   uint32_t mask = 0;
   std::erase_if(pending, [&](int slot) {

@@ -12,7 +12,6 @@
 #include <bit>
 #include <cstring>
 #include <deque>
-#include <list>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -27,6 +26,7 @@
 #include "src/mesh.hpp"
 #include "src/reduce.hpp"
 #include "src/registration_cache.hpp"
+#include "src/ring.hpp"
 #include "src/socket.hpp"
 #include "src/wr_id.hpp"
 #include "verbs/error.hpp"
@@ -134,7 +134,7 @@ struct Lane {
     int staging = -1;  // -1: no staging slot (credits, fences)
     bool signaled = false;
   };
-  std::deque<Posted> posted;
+  Ring<Posted> posted;
   int unsignaledRun = 0;  // unsignaled writes at the back of `posted`
   int sendQueueUsed() const { return static_cast<int>(posted.size()); }
 };
@@ -147,11 +147,11 @@ struct PeerState {
   size_t nextLane = 0;
   uint64_t remoteBase = 0;  // where this rank's slots start in the peer's region
   uint32_t rkey = 0;
-  std::deque<int> freeRemote;         // the peer's slots we may write (our credits)
+  Ring<int> freeRemote;               // the peer's slots we may write (our credits)
   std::vector<int> freeStaging;       // our staging slots for this peer
   std::vector<SlotWrite> slotWrites;  // by staging slot: zero-copy payloads in flight
-  std::deque<Incoming> inbox;         // arrived, not yet consumed
-  std::deque<int> pendingCredits;     // consumed slots not yet handed back to the peer
+  std::vector<Incoming> inbox;        // arrived, not yet consumed (each holds a slot)
+  std::vector<int> pendingCredits;    // consumed slots not yet handed back to the peer
   std::deque<Advert> adverts;         // the peer's direct-receive destinations, oldest first
 };
 
@@ -174,6 +174,31 @@ struct Active {
   int source = -1;
   size_t done = 0;
   uint32_t chunks = 0;
+
+  // For the next operation: the vectors keep their capacity, so a finished
+  // Active is reused without allocating.
+  void reset() {
+    op.reset();
+    if (zeroCopy.use_count() == 1) {
+      zeroCopy->ranges.clear();
+    } else {  // a write's record still holds it (failure paths): leave it to that
+      zeroCopy = std::make_shared<ZeroCopyWrites>();
+    }
+    advertsToSend.clear();
+    advertsSent = 0;
+    advertised.clear();
+    exposed.clear();
+    started = finished = false;
+    step = 0;
+    sent.clear();
+    sentMessages.clear();
+    received.clear();
+    receivedMessages.clear();
+    deadline = {};
+    source = -1;
+    done = 0;
+    chunks = 0;
+  }
 };
 
 std::string describe(const Header& h) {
@@ -207,9 +232,14 @@ struct Engine::Impl {
   uint64_t arrivals = 0;
   Clock::time_point lastConnectionCheck{};
 
-  std::deque<std::unique_ptr<Active>> collectives;  // the front one runs
-  std::optional<uint32_t> lastFinished;             // sequence of the last finished collective
-  std::list<std::unique_ptr<Active>> pointToPoint;
+  std::deque<std::unique_ptr<Active>> collectives;    // the front one runs
+  std::optional<uint32_t> lastFinished;               // sequence of the last finished collective
+  std::vector<std::unique_ptr<Active>> pointToPoint;  // in submission order
+  // Finished Actives kept for reuse, and buffers the loop reuses: the steady
+  // state of the progress loop allocates nothing.
+  std::vector<std::unique_ptr<Active>> spareActives;
+  std::vector<std::unique_ptr<Operation>> intakeTaken;
+  std::vector<char> streaming;  // advancePointToPoint: peers with a send in progress
   std::optional<Error> broken;
 
   // Shared with other threads.
@@ -555,8 +585,8 @@ struct Engine::Impl {
   bool needs(const Active& a, int peer) const {
     const Operation& op = *a.op;
     if (op.pointToPoint) return op.peer == peer || (op.peer < 0 && a.source == peer);
-    for (size_t k = a.started ? a.step : 0; k < op.schedule.size(); ++k) {
-      const Step& s = op.schedule[k];
+    for (size_t k = a.started ? a.step : 0; k < op.steps().size(); ++k) {
+      const Step& s = op.steps()[k];
       for (size_t i = 0; i < s.sends.size(); ++i) {
         bool done =
             a.started && k == a.step && a.sentMessages[i] == messages(s.sends[i].range.bytes);
@@ -626,7 +656,7 @@ struct Engine::Impl {
   }
 
   void enterStep(Active& a) {
-    const Step& s = a.op->schedule[a.step];
+    const Step& s = a.op->steps()[a.step];
     a.sent.assign(s.sends.size(), 0);
     a.sentMessages.assign(s.sends.size(), 0);
     a.received.assign(s.recvs.size(), 0);
@@ -634,7 +664,7 @@ struct Engine::Impl {
     finalize(a, s.finalize);
   }
 
-  using InboxIt = std::deque<Incoming>::iterator;
+  using InboxIt = std::vector<Incoming>::iterator;
 
   // The message with chunk `index` of the current step from peer, if it
   // arrived. Chunks may overtake each other across lanes and a peer may be a
@@ -696,10 +726,8 @@ struct Engine::Impl {
         options.registrations->entries() == 0) {
       return;
     }
-    a.advertised.assign(op.schedule.size(), {});
-    for (size_t k = 0; k < op.schedule.size(); ++k) {
-      const auto& recvs = op.schedule[k].recvs;
-      a.advertised[k].assign(recvs.size(), 0);
+    for (size_t k = 0; k < op.steps().size(); ++k) {
+      const auto& recvs = op.steps()[k].recvs;
       for (size_t j = 0; j < recvs.size(); ++j) {
         const RecvSpec& r = recvs[j];
         if (r.combine != Combine::Copy || r.range.bytes == 0 ||
@@ -709,6 +737,12 @@ struct Engine::Impl {
         const uint8_t* dst = op.recvBase + r.range.offset;
         auto registration = options.registrations->find(dst, r.range.bytes);
         if (!registration) continue;
+        if (a.advertised.empty()) {  // the first: the table for every step and receive
+          a.advertised.resize(op.steps().size());
+          for (size_t i = 0; i < op.steps().size(); ++i) {
+            a.advertised[i].assign(op.steps()[i].recvs.size(), 0);
+          }
+        }
         a.advertised[k][j] = 1;
         a.advertsToSend.emplace_back(r.peer,
                                      Header{.kind = MessageKind::Advert,
@@ -759,9 +793,13 @@ struct Engine::Impl {
       }
       a.started = true;
       a.deadline = Clock::now() + op.timeout;
-      log(LogLevel::Trace, "start {} ({} steps)", op.description, op.schedule.size());
+      if (logEnabled(LogLevel::Trace))
+        log(LogLevel::Trace, "start {} ({} steps)", op.description(), op.steps().size());
+      if (op.copyIn.bytes > 0 && op.copyIn.to != op.copyIn.from) {
+        std::memmove(op.copyIn.to, op.copyIn.from, op.copyIn.bytes);
+      }
       if (op.prologue) op.prologue();
-      if (!op.schedule.empty()) enterStep(a);
+      if (!op.steps().empty()) enterStep(a);
       prepareAdverts(a);
       progress = true;
     }
@@ -771,8 +809,8 @@ struct Engine::Impl {
       ++a.advertsSent;
       progress = true;
     }
-    while (a.step < op.schedule.size()) {
-      const Step& s = op.schedule[a.step];
+    while (a.step < op.steps().size()) {
+      const Step& s = op.steps()[a.step];
       bool complete = true;
       for (size_t i = 0; i < s.sends.size(); ++i) {
         const SendSpec& send = s.sends[i];
@@ -845,13 +883,13 @@ struct Engine::Impl {
         complete = complete && a.receivedMessages[j] == messages(bytes);
       }
       if (!complete) return progress;
-      if (a.step + 1 < op.schedule.size()) {
-        for (const Range& r : op.schedule[a.step + 1].finalize) {
+      if (a.step + 1 < op.steps().size()) {
+        for (const Range& r : op.steps()[a.step + 1].finalize) {
           if (a.zeroCopy->overlaps(op.recvBase + r.offset, r.bytes)) return progress;
         }
       }
       ++a.step;
-      if (a.step < op.schedule.size()) enterStep(a);
+      if (a.step < op.steps().size()) enterStep(a);
       progress = true;
     }
     // The epilogue may write the buffers, and the caller may reuse them once
@@ -930,8 +968,9 @@ struct Engine::Impl {
   }
 
   bool advancePointToPoint() {
+    if (pointToPoint.empty()) return false;
     bool progress = false;
-    std::vector<bool> streaming(static_cast<size_t>(size), false);  // one send per peer at a time
+    streaming.assign(static_cast<size_t>(size), 0);  // one send per peer at a time
     for (auto it = pointToPoint.begin(); it != pointToPoint.end();) {
       Active& a = **it;
       Operation& op = *a.op;
@@ -953,6 +992,7 @@ struct Engine::Impl {
       }
       if (a.chunks == messages(op.bytes) && a.zeroCopy->ranges.empty()) {
         op.work->finish(nullptr, a.source);
+        recycle(std::move(*it));
         it = pointToPoint.erase(it);
         progress = true;
       } else {
@@ -971,8 +1011,8 @@ struct Engine::Impl {
       if (a.source >= 0) out.push_back(a.source);
       return out;
     }
-    if (!a.started || a.step >= op.schedule.size()) return out;
-    const Step& s = op.schedule[a.step];
+    if (!a.started || a.step >= op.steps().size()) return out;
+    const Step& s = op.steps()[a.step];
     for (size_t j = 0; j < s.recvs.size(); ++j) {
       if (a.receivedMessages[j] < messages(s.recvs[j].range.bytes)) out.push_back(s.recvs[j].peer);
     }
@@ -998,7 +1038,7 @@ struct Engine::Impl {
     const Operation& op = *late->op;
     breakGroup(Error(ErrorInfo{
         .kind = ErrorKind::Timeout,
-        .message = fmt::format("{} timed out after {} ms{}", op.description, op.timeout.count(),
+        .message = fmt::format("{} timed out after {} ms{}", op.description(), op.timeout.count(),
                                waiting.empty() ? std::string()
                                                : fmt::format(", still waiting for rank(s) {}",
                                                              fmt::join(waiting, ", "))),
@@ -1037,8 +1077,8 @@ struct Engine::Impl {
   void failAll(const Error& error) {
     auto fail = [&](Active& a) {
       ErrorInfo info = error.info();
-      if (info.message.find(a.op->description) == std::string::npos) {
-        info.message = fmt::format("{} failed: {}", a.op->description, info.message);
+      if (std::string what = a.op->description(); info.message.find(what) == std::string::npos) {
+        info.message = fmt::format("{} failed: {}", what, info.message);
       }
       a.op->work->finish(std::make_exception_ptr(Error(std::move(info))));
     };
@@ -1052,7 +1092,7 @@ struct Engine::Impl {
 
   bool takeIntake() {
     if (!intakePending.load(std::memory_order_acquire)) return false;
-    std::vector<std::unique_ptr<Operation>> ops;
+    std::vector<std::unique_ptr<Operation>>& ops = intakeTaken;  // empty, with capacity
     std::optional<std::string> abortReason;
     {
       std::lock_guard lock(intakeMutex);
@@ -1061,8 +1101,15 @@ struct Engine::Impl {
       abortReason.swap(abortRequest);
     }
     if (abortReason) breakGroup(Error(ErrorKind::Aborted, *abortReason));
+    const bool any = !ops.empty();
     for (auto& op : ops) {
-      auto a = std::make_unique<Active>();
+      std::unique_ptr<Active> a;
+      if (spareActives.empty()) {
+        a = std::make_unique<Active>();
+      } else {
+        a = std::move(spareActives.back());
+        spareActives.pop_back();
+      }
       a->op = std::move(op);
       if (a->op->pointToPoint) {
         pointToPoint.push_back(std::move(a));
@@ -1070,8 +1117,17 @@ struct Engine::Impl {
         collectives.push_back(std::move(a));
       }
     }
+    ops.clear();
     if (broken) failAll(*broken);
-    return !ops.empty() || abortReason.has_value();
+    return any || abortReason.has_value();
+  }
+
+  // A finished Active goes back to the pool (a few are enough: operations
+  // finish about as fast as they start).
+  void recycle(std::unique_ptr<Active> a) {
+    if (spareActives.size() >= 64) return;
+    a->reset();
+    spareActives.push_back(std::move(a));
   }
 
   bool step() {
@@ -1093,6 +1149,7 @@ struct Engine::Impl {
       }
       finishedCollective(static_cast<uint32_t>(a.op->sequence));
       a.op->work->finish(nullptr);
+      recycle(std::move(collectives.front()));
       collectives.pop_front();
       progress = true;
     }
@@ -1368,6 +1425,10 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
       p.freeStaging.push_back(slots - 1 - i);
     }
     p.slotWrites.resize(static_cast<size_t>(slots));
+    // Bounded by the slots: reserved once, never allocated per message.
+    p.inbox.reserve(static_cast<size_t>(slots));
+    p.pendingCredits.reserve(static_cast<size_t>(slots));
+    for (Lane& lane : p.lanes) lane.posted.reserve(mesh.qpParams().sendDepth);
   }
   s.wakeFd = net::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!s.wakeFd)
@@ -1395,13 +1456,18 @@ Engine::~Engine() {
       Error(ErrorKind::Aborted, "the backend was destroyed before the operation completed"));
 }
 
+std::string Operation::description() const {
+  return detail[0] == '\0' ? fmt::format("{} #{}", toString(type), sequence)
+                           : fmt::format("{} #{} ({})", toString(type), sequence, detail.data());
+}
+
 void Engine::submit(std::unique_ptr<Operation> op) {
   {
     std::lock_guard lock(impl_->intakeMutex);
     if (impl_->brokenShared) {
       ErrorInfo info = impl_->brokenCopy->info();
       info.message = fmt::format("{} cannot start: the group is broken by an earlier failure: {}",
-                                 op->description, info.message);
+                                 op->description(), info.message);
       op->work->finish(std::make_exception_ptr(Error(std::move(info))));
       return;
     }
@@ -1420,11 +1486,12 @@ void Engine::abort(const std::string& reason) {
   impl_->wake();
 }
 
-Work::ProgressDriver Engine::driver() {
-  return [gate = gate_](const Work& work, std::chrono::steady_clock::time_point until) {
-    std::shared_lock lock(gate->mutex);
-    if (gate->impl != nullptr) gate->impl->drive(work, until);
-  };
+std::shared_ptr<const Work::ProgressDriver> Engine::driver() {
+  return std::make_shared<const Work::ProgressDriver>(
+      [gate = gate_](const Work& work, std::chrono::steady_clock::time_point until) {
+        std::shared_lock lock(gate->mutex);
+        if (gate->impl != nullptr) gate->impl->drive(work, until);
+      });
 }
 
 size_t Engine::chunkBytes() const noexcept {

@@ -5,6 +5,7 @@
 // turns completions, peer disconnects and timeouts into Work status.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -12,6 +13,8 @@
 #include <shared_mutex>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "rdmacc/store.hpp"
 #include "rdmacc/types.hpp"
@@ -30,16 +33,39 @@ struct Operation {
   uint64_t sequence = 0;  // collectives: the group's sequence number
   std::shared_ptr<Work> work;
   std::chrono::milliseconds timeout{0};
-  std::string description;  // "allreduce #12 (4099 x float32, sum, ring)"
+  // What the operation is, for errors and traces: the details ("4099 x
+  // float32, sum, ring") go into a fixed buffer when it is built, and
+  // description() adds the name and sequence ("allreduce #12 (...)") only
+  // when a message needs it: no allocation per operation.
+  std::array<char, 112> detail{};
+  template <typename... Args>
+  void describe(fmt::format_string<Args...> format, Args&&... args) {
+    auto end =
+        fmt::format_to_n(detail.data(), detail.size() - 1, format, std::forward<Args>(args)...).out;
+    *end = '\0';
+  }
+  std::string description() const;
 
-  // Collectives.
-  Schedule schedule;
+  // Collectives. Schedules are immutable and shared between operations of
+  // the same shape (VerbsBackend keeps the recent ones).
+  std::shared_ptr<const Schedule> schedule;
+  const Schedule& steps() const {
+    static const Schedule none;
+    return schedule ? *schedule : none;
+  }
   uint8_t* sendBase = nullptr;
   uint8_t* recvBase = nullptr;
   DataType dtype = DataType::UInt8;
   ReduceOp reduceOp = ReduceOp::Sum;
-  int64_t avgDivisor = 0;          // finalize ranges are divided by it (Avg)
-  uint64_t checkValue = 0;         // every rank of the op must present the same value
+  int64_t avgDivisor = 0;   // finalize ranges are divided by it (Avg)
+  uint64_t checkValue = 0;  // every rank of the op must present the same value
+  // Copied (memmove) when the op starts, before the prologue: the common
+  // prologue without a std::function's allocation.
+  struct CopyIn {
+    uint8_t* to = nullptr;
+    const uint8_t* from = nullptr;
+    size_t bytes = 0;
+  } copyIn;
   std::function<void()> prologue;  // on the engine thread, when the op starts
   std::function<void()> epilogue;  // after the last step, before completion
   std::vector<uint8_t> scratch;    // memory the operation owns
@@ -92,7 +118,7 @@ class Engine {
   size_t chunkBytes() const noexcept;
   // For Work::setProgressDriver: lets a waiting caller make progress itself.
   // Safe to call after the engine is gone (it then does nothing).
-  Work::ProgressDriver driver();
+  std::shared_ptr<const Work::ProgressDriver> driver();
 
  private:
   struct Impl;

@@ -112,12 +112,60 @@ struct VerbsBackend::Impl {
   TuningTable tuning;
   std::string group;
   std::unique_ptr<Mesh> mesh;
-  std::unique_ptr<RegistrationCache> registrations;  // after the mesh (its PD)
-  std::unique_ptr<Engine> engine;                    // after both: stopped first
-  std::mutex submitMutex;                            // sequence numbers follow submission order
+  std::unique_ptr<RegistrationCache> registrations;    // after the mesh (its PD)
+  std::unique_ptr<Engine> engine;                      // after both: stopped first
+  std::shared_ptr<const Work::ProgressDriver> driver;  // the engine's, for every Work
+  std::mutex submitMutex;                              // sequence numbers follow submission order
   uint64_t sequence = 0;
   uint64_t pointToPointCount = 0;
   uint32_t monitoredBarriers = 0;
+
+  // A schedule depends only on the collective's shape (and this rank and
+  // group): the most recent ones are shared by the operations that repeat
+  // them, as a training loop does, instead of rebuilt (and allocated) for
+  // every call.
+  struct Shape {
+    OpType type = OpType::Barrier;
+    Algorithm algorithm = Algorithm::Auto;
+    int root = -1;
+    size_t bytes = 0;
+    size_t elementSize = 0;
+    bool avg = false;
+    friend bool operator==(const Shape&, const Shape&) = default;
+  };
+  struct CachedSchedule {
+    Shape shape;
+    std::shared_ptr<const Schedule> schedule;
+    uint64_t lastUse = 0;
+  };
+  static constexpr size_t kCachedSchedules = 32;
+  std::mutex schedulesMutex;
+  std::vector<CachedSchedule> schedules;
+  uint64_t scheduleUses = 0;
+
+  template <typename Build>
+  std::shared_ptr<const Schedule> scheduleFor(const Shape& shape, Build&& build) {
+    {
+      std::lock_guard lock(schedulesMutex);
+      for (CachedSchedule& c : schedules) {
+        if (c.shape == shape) {
+          c.lastUse = ++scheduleUses;
+          return c.schedule;
+        }
+      }
+    }
+    auto built = std::make_shared<const Schedule>(build());
+    std::lock_guard lock(schedulesMutex);
+    if (schedules.size() < kCachedSchedules) {
+      schedules.push_back({shape, built, ++scheduleUses});
+    } else {
+      auto oldest = std::min_element(
+          schedules.begin(), schedules.end(),
+          [](const CachedSchedule& a, const CachedSchedule& b) { return a.lastUse < b.lastUse; });
+      *oldest = {shape, built, ++scheduleUses};
+    }
+    return built;
+  }
 
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds t) const {
     return t.count() < 0 ? defaultTimeout : t;
@@ -182,7 +230,8 @@ struct VerbsBackend::Impl {
     if (algo == Algorithm::Ring) {
       op.scratch.resize(totalBytes);
       uint8_t* flat = op.scratch.data();
-      op.schedule = algorithms::ringReduceScatter(rank, size, blocks, avg);
+      op.schedule =
+          std::make_shared<const Schedule>(algorithms::ringReduceScatter(rank, size, blocks, avg));
       op.sendBase = op.recvBase = flat;
       op.avgDivisor = avg ? size : 0;
       op.epilogue = [flat, out, mine] {
@@ -193,7 +242,8 @@ struct VerbsBackend::Impl {
     op.scratch.resize(totalBytes + static_cast<size_t>(size - 1) * mine.bytes);
     uint8_t* flat = op.scratch.data();
     uint8_t* gathered = flat + totalBytes;
-    op.schedule = algorithms::linearReduceScatter(rank, size, blocks);
+    op.schedule =
+        std::make_shared<const Schedule>(algorithms::linearReduceScatter(rank, size, blocks));
     op.sendBase = flat;
     op.recvBase = gathered;
     op.epilogue = [flat, gathered, out, mine, me = rank, n = size, reduceOp, avg] {
@@ -235,15 +285,13 @@ struct VerbsBackend::Impl {
       op->sequence = ++sequence;
     }
     op->work = std::make_shared<Work>(op->type, op->sequence);
-    if (op->description.empty()) op->description = toString(op->type);
-    op->description =
-        fmt::format("{} #{}{}", toString(op->type), op->sequence,
-                    op->description == toString(op->type) ? "" : " (" + op->description + ")");
     auto work = op->work;
     Engine* e = engine.get();
-    std::string what = op->description;
-    work->setAbortHandler([e, what] { e->abort(fmt::format("{} was aborted by the user", what)); });
-    work->setProgressDriver(e->driver());
+    work->setAbortHandler([e](const Work& w) {
+      e->abort(
+          fmt::format("{} #{} was aborted by the user", toString(w.opType()), w.sequenceNumber()));
+    });
+    work->setProgressDriver(driver);
     engine->submit(std::move(op));
     return work;
   }
@@ -271,11 +319,19 @@ struct VerbsBackend::Impl {
               "use ring or tree (or auto) for this group");
     }
     bool avg = reduceOp == ReduceOp::Avg;
-    op.schedule = algo == Algorithm::Ring
-                      ? algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg)
-                  : algo == Algorithm::Tree
-                      ? algorithms::treeAllreduce(rank, size, bytes, avg)
-                      : algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
+    op.schedule = scheduleFor(
+        Shape{.type = OpType::Allreduce,
+              .algorithm = algo,
+              .bytes = bytes,
+              .elementSize = es,
+              .avg = avg},
+        [&] {
+          return algo == Algorithm::Ring
+                     ? algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg)
+                 : algo == Algorithm::Tree
+                     ? algorithms::treeAllreduce(rank, size, bytes, avg)
+                     : algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
+        });
     op.sendBase = op.recvBase = data;
     op.dtype = dtype;
     op.reduceOp = reduceOp;
@@ -285,8 +341,7 @@ struct VerbsBackend::Impl {
     if (reduceOp == ReduceOp::PreMulSum) {
       op.prologue = [data, count, dtype, factor] { scaleBy(data, count, dtype, factor); };
     }
-    op.description =
-        fmt::format("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp), toString(algo));
+    op.describe("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp), toString(algo));
   }
 
   // allgather and allgather_coalesced: every rank's inputs packed into one block.
@@ -310,8 +365,8 @@ struct VerbsBackend::Impl {
     auto op = collective(type, opts.timeout);
     op->scratch.resize(perRank * static_cast<size_t>(size));
     uint8_t* flat = op->scratch.data();
-    op->schedule = allgatherSchedule(opts.algorithm, uniformBlocks(perRank, size),
-                                     perRank * static_cast<size_t>(size));
+    op->schedule = std::make_shared<const Schedule>(allgatherSchedule(
+        opts.algorithm, uniformBlocks(perRank, size), perRank * static_cast<size_t>(size)));
     op->sendBase = op->recvBase = flat;
     std::vector<Tensor> ins = inputs;
     std::vector<std::vector<Tensor>> outs = outputLists;
@@ -333,7 +388,7 @@ struct VerbsBackend::Impl {
       }
     };
     op->checkValue = checkValue(perRank, inputs.size());
-    op->description = fmt::format("{} tensor(s), {} bytes per rank", inputs.size(), perRank);
+    op->describe("{} tensor(s), {} bytes per rank", inputs.size(), perRank);
     return submit(std::move(op));
   }
 };
@@ -377,6 +432,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .spinYield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"), *s.mesh),
           .registrations = s.registrations.get(),
           .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES"))});
+  s.driver = s.engine->driver();
 }
 
 VerbsBackend::~VerbsBackend() = default;
@@ -403,13 +459,16 @@ std::shared_ptr<Work> VerbsBackend::broadcast(std::vector<Tensor>& tensors,
   if (algo != Algorithm::Ring && algo != Algorithm::Tree)
     invalid("broadcast has ring and tree algorithms only");
   auto op = s.collective(OpType::Broadcast, opts.timeout);
-  op->schedule = algo == Algorithm::Ring ? algorithms::chainBroadcast(rank_, size_, root, t.bytes())
-                                         : algorithms::treeBroadcast(rank_, size_, root, t.bytes());
+  op->schedule = s.scheduleFor(
+      Impl::Shape{.type = OpType::Broadcast, .algorithm = algo, .root = root, .bytes = t.bytes()},
+      [&] {
+        return algo == Algorithm::Ring ? algorithms::chainBroadcast(rank_, size_, root, t.bytes())
+                                       : algorithms::treeBroadcast(rank_, size_, root, t.bytes());
+      });
   op->sendBase = op->recvBase = bytesOf(t);
   op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(root),
                               static_cast<uint64_t>(t.dtype), static_cast<uint64_t>(algo));
-  op->description =
-      fmt::format("{} x {}, root {}, {}", t.numel, toString(t.dtype), root, toString(algo));
+  op->describe("{} x {}, root {}, {}", t.numel, toString(t.dtype), root, toString(algo));
   return s.submit(std::move(op));
 }
 
@@ -461,7 +520,8 @@ std::shared_ptr<Work> VerbsBackend::allreduce_coalesced(std::vector<Tensor>& ten
       at += t.bytes();
     }
   };
-  op->description = fmt::format("{} tensors, {}", tensors.size(), op->description);
+  const auto inner = op->detail;  // describe() writes over it
+  op->describe("{} tensors, {}", tensors.size(), inner.data());
   return s.submit(std::move(op));
 }
 
@@ -473,7 +533,9 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
   if (opts.rootTensor != 0) invalid("reduce: rootTensor must be 0 (one tensor per rank)");
   checkReduce(opts.reduceOp, t.dtype, opts.preMulFactor, "reduce");
   auto op = s.collective(OpType::Reduce, opts.timeout);
-  op->schedule = algorithms::treeReduce(rank_, size_, root, t.bytes());
+  op->schedule =
+      s.scheduleFor(Impl::Shape{.type = OpType::Reduce, .root = root, .bytes = t.bytes()},
+                    [&] { return algorithms::treeReduce(rank_, size_, root, t.bytes()); });
   uint8_t* acc = bytesOf(t);
   if (rank_ != root) {  // non-roots keep their input: accumulate in scratch
     op->scratch.resize(t.bytes());
@@ -497,8 +559,7 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
   }
   op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(reduceOp),
                               static_cast<uint64_t>(dtype), static_cast<uint64_t>(root));
-  op->description =
-      fmt::format("{} x {}, {}, root {}", t.numel, toString(dtype), toString(reduceOp), root);
+  op->describe("{} x {}, {}, root {}", t.numel, toString(dtype), toString(reduceOp), root);
   return s.submit(std::move(op));
 }
 
@@ -514,17 +575,20 @@ std::shared_ptr<Work> VerbsBackend::_allgather_base(Tensor& output, Tensor& inpu
         toString(output.dtype)));
   }
   auto op = s.collective(OpType::AllgatherBase, opts.timeout);
-  auto blocks = evenBlocks(output.numel, size_, elementSize(input.dtype));
-  op->schedule = s.allgatherSchedule(opts.algorithm, blocks, output.bytes());
+  // Every block is the input's size: block r at r x input bytes.
+  op->schedule = s.scheduleFor(
+      Impl::Shape{
+          .type = OpType::AllgatherBase, .algorithm = opts.algorithm, .bytes = input.bytes()},
+      [&] {
+        return s.allgatherSchedule(opts.algorithm, uniformBlocks(input.bytes(), size_),
+                                   output.bytes());
+      });
   op->sendBase = op->recvBase = bytesOf(output);
-  uint8_t* mine = bytesOf(output) + blocks[static_cast<size_t>(rank_)].offset;
-  uint8_t* in = bytesOf(input);
-  size_t bytes = input.bytes();
-  op->prologue = [mine, in, bytes] {
-    if (mine != in && bytes > 0) std::memmove(mine, in, bytes);
-  };
+  op->copyIn = {.to = bytesOf(output) + static_cast<size_t>(rank_) * input.bytes(),
+                .from = bytesOf(input),
+                .bytes = input.bytes()};
   op->checkValue = checkValue(input.bytes(), static_cast<uint64_t>(input.dtype));
-  op->description = fmt::format("{} x {} per rank", input.numel, toString(input.dtype));
+  op->describe("{} x {} per rank", input.numel, toString(input.dtype));
   return s.submit(std::move(op));
 }
 
@@ -564,7 +628,8 @@ std::shared_ptr<Work> VerbsBackend::gather(std::vector<std::vector<Tensor>>& out
   auto op = s.collective(OpType::Gather, opts.timeout);
   size_t bytes = in.bytes();
   std::vector<Range> blocks = uniformBlocks(bytes, size_);
-  op->schedule = algorithms::linearGather(rank_, size_, root, Range{0, bytes}, blocks);
+  op->schedule = std::make_shared<const Schedule>(
+      algorithms::linearGather(rank_, size_, root, Range{0, bytes}, blocks));
   op->sendBase = bytesOf(in);
   if (rank_ == root) {
     op->scratch.resize(bytes * static_cast<size_t>(size_));
@@ -581,7 +646,7 @@ std::shared_ptr<Work> VerbsBackend::gather(std::vector<std::vector<Tensor>>& out
     };
   }
   op->checkValue = checkValue(bytes, static_cast<uint64_t>(root), static_cast<uint64_t>(in.dtype));
-  op->description = fmt::format("{} x {}, root {}", in.numel, toString(in.dtype), root);
+  op->describe("{} x {}, root {}", in.numel, toString(in.dtype), root);
   return s.submit(std::move(op));
 }
 
@@ -602,7 +667,8 @@ std::shared_ptr<Work> VerbsBackend::scatter(std::vector<Tensor>& outputs,
   auto op = s.collective(OpType::Scatter, opts.timeout);
   size_t bytes = out.bytes();
   std::vector<Range> blocks = uniformBlocks(bytes, size_);
-  op->schedule = algorithms::linearScatter(rank_, size_, root, blocks, Range{0, bytes});
+  op->schedule = std::make_shared<const Schedule>(
+      algorithms::linearScatter(rank_, size_, root, blocks, Range{0, bytes}));
   op->recvBase = bytesOf(out);
   if (rank_ == root) {
     op->scratch.resize(bytes * static_cast<size_t>(size_));
@@ -619,7 +685,7 @@ std::shared_ptr<Work> VerbsBackend::scatter(std::vector<Tensor>& outputs,
     };
   }
   op->checkValue = checkValue(bytes, static_cast<uint64_t>(root), static_cast<uint64_t>(out.dtype));
-  op->description = fmt::format("{} x {}, root {}", out.numel, toString(out.dtype), root);
+  op->describe("{} x {}, root {}", out.numel, toString(out.dtype), root);
   return s.submit(std::move(op));
 }
 
@@ -648,8 +714,7 @@ std::shared_ptr<Work> VerbsBackend::_reduce_scatter_base(Tensor& output, Tensor&
   };
   op->checkValue = checkValue(input.bytes(), static_cast<uint64_t>(reduceOp),
                               static_cast<uint64_t>(input.dtype));
-  op->description =
-      fmt::format("{} x {} per rank, {}", output.numel, toString(input.dtype), toString(reduceOp));
+  op->describe("{} x {} per rank, {}", output.numel, toString(input.dtype), toString(reduceOp));
   return s.submit(std::move(op));
 }
 
@@ -681,8 +746,7 @@ std::shared_ptr<Work> VerbsBackend::reduce_scatter(std::vector<Tensor>& outputs,
   };
   op->checkValue =
       checkValue(bytes, static_cast<uint64_t>(reduceOp), static_cast<uint64_t>(out.dtype));
-  op->description =
-      fmt::format("{} x {} per rank, {}", out.numel, toString(out.dtype), toString(reduceOp));
+  op->describe("{} x {} per rank, {}", out.numel, toString(out.dtype), toString(reduceOp));
   return s.submit(std::move(op));
 }
 
@@ -731,7 +795,8 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
   size_t es = elementSize(input.dtype);
   auto sendBlocks = blocksOf(inCounts, es);
   auto recvBlocks = blocksOf(outCounts, es);
-  op->schedule = s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks);
+  op->schedule =
+      std::make_shared<const Schedule>(s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks));
   uint8_t* src = bytesOf(input);
   if (input.data == output.data && input.bytes() > 0) {  // in place: send from a copy
     op->scratch.assign(src, src + input.bytes());
@@ -746,7 +811,7 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
     if (self.bytes > 0) std::memmove(dst + selfOut.offset, src + self.offset, self.bytes);
   };
   op->checkValue = checkValue(0, static_cast<uint64_t>(input.dtype));
-  op->description = fmt::format("{} -> {} x {}", input.numel, output.numel, toString(input.dtype));
+  op->describe("{} -> {} x {}", input.numel, output.numel, toString(input.dtype));
   return s.submit(std::move(op));
 }
 
@@ -783,7 +848,8 @@ std::shared_ptr<Work> VerbsBackend::alltoall(std::vector<Tensor>& outputs,
   op->scratch.resize(inTotal + outTotal);
   uint8_t* in = op->scratch.data();
   uint8_t* out = in + inTotal;
-  op->schedule = s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks);
+  op->schedule =
+      std::make_shared<const Schedule>(s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks));
   op->sendBase = in;
   op->recvBase = out;
   std::vector<Tensor> ins = inputs, outs = outputs;
@@ -803,14 +869,15 @@ std::shared_ptr<Work> VerbsBackend::alltoall(std::vector<Tensor>& outputs,
     }
   };
   op->checkValue = checkValue(0, static_cast<uint64_t>(inputs[0].dtype));
-  op->description = fmt::format("{} tensors of {}", inputs.size(), toString(inputs[0].dtype));
+  op->describe("{} tensors of {}", inputs.size(), toString(inputs[0].dtype));
   return s.submit(std::move(op));
 }
 
 std::shared_ptr<Work> VerbsBackend::barrier(const BarrierOptions& opts) {
   Impl& s = *impl_;
   auto op = s.collective(OpType::Barrier, opts.timeout);
-  op->schedule = algorithms::disseminationBarrier(rank_, size_);
+  op->schedule = s.scheduleFor(Impl::Shape{.type = OpType::Barrier},
+                               [&] { return algorithms::disseminationBarrier(rank_, size_); });
   return s.submit(std::move(op));
 }
 
@@ -827,9 +894,12 @@ std::unique_ptr<Operation> pointToPointOp(OpType type, Tensor& t, int peer, uint
   op->buffer = static_cast<uint8_t*>(t.data);
   op->bytes = t.bytes();
   op->timeout = timeout;
-  op->description = fmt::format("{} x {}, {} rank {}, tag {}", t.numel, toString(t.dtype),
-                                type == OpType::Send ? "to" : "from",
-                                peer < 0 ? std::string("any") : std::to_string(peer), tag);
+  const char* direction = type == OpType::Send ? "to" : "from";
+  if (peer < 0) {
+    op->describe("{} x {}, from any rank, tag {}", t.numel, toString(t.dtype), tag);
+  } else {
+    op->describe("{} x {}, {} rank {}, tag {}", t.numel, toString(t.dtype), direction, peer, tag);
+  }
   return op;
 }
 

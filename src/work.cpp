@@ -34,12 +34,12 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   bool forever = timeout == std::chrono::milliseconds::max();
   auto until = forever ? Clock::time_point::max() : Clock::now() + timeout;
-  ProgressDriver driver;
+  std::shared_ptr<const ProgressDriver> driver;
   {
     std::lock_guard lock(mutex_);
     if (!completed_) driver = driver_;
   }
-  if (driver) driver(*this, until);
+  if (driver) (*driver)(*this, until);
   std::unique_lock lock(mutex_);
   if (forever) {
     done_.wait(lock, [&] { return settled_; });
@@ -55,14 +55,14 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 }
 
 void Work::abort() {
-  std::function<void()> handler;
+  std::function<void(const Work&)> handler;
   {
     std::lock_guard lock(mutex_);
     if (completed_) return;
     handler = abortHandler_;
   }
   if (handler) {
-    handler();
+    handler(*this);
   } else {
     finish(std::make_exception_ptr(
         Error(ErrorKind::Aborted, fmt::format("{} #{} was aborted", toString(type_), sequence_))));
@@ -113,12 +113,12 @@ void Work::runCallbacks(std::vector<std::function<void(Work&)>>& callbacks) {
   }
 }
 
-void Work::setProgressDriver(ProgressDriver driver) {
+void Work::setProgressDriver(std::shared_ptr<const ProgressDriver> driver) {
   std::lock_guard lock(mutex_);
   if (!completed_) driver_ = std::move(driver);
 }
 
-void Work::setAbortHandler(std::function<void()> handler) {
+void Work::setAbortHandler(std::function<void(const Work&)> handler) {
   std::lock_guard lock(mutex_);
   abortHandler_ = std::move(handler);
 }

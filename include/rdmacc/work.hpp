@@ -67,12 +67,14 @@ class Work : public std::enable_shared_from_this<Work> {
 
   // For the backend: completes the work (ok when error is null). Idempotent.
   void finish(std::exception_ptr error, int sourceRank = -1);
-  void setAbortHandler(std::function<void()> handler);
+  // Runs on abort() instead of failing the work alone.
+  void setAbortHandler(std::function<void(const Work&)> handler);
   // wait() first lets the driver make progress on the caller's thread; it
-  // returns when the work completed or at `until` (the wait's timeout).
+  // returns when the work completed or at `until` (the wait's timeout). One
+  // driver is shared by all of a backend's work (no allocation per operation).
   using ProgressDriver =
       std::function<void(const Work&, std::chrono::steady_clock::time_point until)>;
-  void setProgressDriver(ProgressDriver driver);
+  void setProgressDriver(std::shared_ptr<const ProgressDriver> driver);
 
  private:
   void runCallbacks(std::vector<std::function<void(Work&)>>& callbacks);
@@ -86,8 +88,8 @@ class Work : public std::enable_shared_from_this<Work> {
   std::exception_ptr error_;
   int sourceRank_ = -1;
   std::vector<std::function<void(Work&)>> callbacks_;
-  std::function<void()> abortHandler_;
-  ProgressDriver driver_;
+  std::function<void(const Work&)> abortHandler_;
+  std::shared_ptr<const ProgressDriver> driver_;
 };
 
 }  // namespace rdmacc

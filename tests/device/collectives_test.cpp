@@ -17,6 +17,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "src/reduce.hpp"
+#include "tests/device/allocation_count.hpp"
 
 namespace rdmacc {
 namespace {
@@ -684,6 +685,43 @@ TEST(Collectives, InvalidCallsThrowOnEveryRankBeforeAnyDataMoves) {
   if (N > 1) expectInvalid([&] { gBackend->alltoall_base(out, in, empty, bad); }, "split sizes");
   // The group still works afterwards.
   gBackend->barrier()->wait();
+}
+
+// Operations that repeat (a training loop's) allocate their Work and their
+// Operation on the caller's thread and nothing else: schedules are shared,
+// the engine reuses its per-operation state, and its queues, polling and
+// spinning never allocate. Counted over every thread of the process by the
+// replaced operator new below; a count, not a timing.
+TEST(Allocations, RepeatedOperationsAllocateOnlyTheirWorkAndOperation) {
+  std::vector<float> data(8, 1.0f), gathered(8 * static_cast<size_t>(N)), peerData(8, 0.0f);
+  std::vector<Tensor> one{Tensor{data.data(), data.size(), DataType::Float32}};
+  std::vector<Tensor> p2p{Tensor{peerData.data(), peerData.size(), DataType::Float32}};
+  Tensor in{data.data(), data.size(), DataType::Float32};
+  Tensor out{gathered.data(), gathered.size(), DataType::Float32};
+  int ops = 0;
+  auto round = [&] {
+    gBackend->allreduce(one)->wait();
+    gBackend->broadcast(one, BroadcastOptions{.rootRank = N - 1})->wait();
+    gBackend->_allgather_base(out, in)->wait();
+    gBackend->barrier()->wait();
+    ops += 4;
+    if (N >= 2 && R < 2) {  // a send and a receive between ranks 0 and 1
+      if (R == 0) gBackend->send(p2p, 1, 5)->wait();
+      gBackend->recv(p2p, 1 - R, 5)->wait();
+      if (R == 1) gBackend->send(p2p, 0, 5)->wait();
+      ops += 2;
+    }
+  };
+  for (int i = 0; i < 20; ++i) round();  // pools, the schedule cache and the queues fill
+  ops = 0;
+  const uint64_t before = rdmacc::test::allocationCount();
+  for (int i = 0; i < 100; ++i) round();
+  const uint64_t counted = rdmacc::test::allocationCount() - before;
+  fmt::print("rank {}: {} allocations for {} operations\n", R, counted, ops);
+  // Two per operation (Work, Operation), and a little for queues that grow
+  // in blocks (the engine's list of collectives).
+  EXPECT_LE(counted, static_cast<uint64_t>(2 * ops + 16))
+      << counted << " allocations for " << ops << " operations";
 }
 
 }  // namespace

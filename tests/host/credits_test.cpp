@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <deque>
 #include <vector>
 
 namespace rdmacc {
@@ -16,11 +15,11 @@ std::vector<int> decode(uint32_t imm) {
 }
 
 TEST(Credits, OneMessageHandsBackEverySlotOfAGroup) {
-  std::deque<int> pending{3, 17, 5, 40, 16, 0, 15};
+  std::vector<int> pending{3, 17, 5, 40, 16, 0, 15};
   uint32_t first = credits::take(pending);
   EXPECT_TRUE(credits::isCredit(first));
   EXPECT_EQ(decode(first), (std::vector<int>{0, 3, 5, 15}));
-  EXPECT_EQ(pending, (std::deque<int>{17, 40, 16}));
+  EXPECT_EQ(pending, (std::vector<int>{17, 40, 16}));
   EXPECT_EQ(decode(credits::take(pending)), (std::vector<int>{16, 17}));
   EXPECT_EQ(decode(credits::take(pending)), (std::vector<int>{40}));
   EXPECT_TRUE(pending.empty());
@@ -28,7 +27,7 @@ TEST(Credits, OneMessageHandsBackEverySlotOfAGroup) {
 
 TEST(Credits, EverySlotUpToTheLimitRoundTrips) {
   for (int slot : {0, 1, 15, 16, 63, 64, 4095, credits::kMaxSlots - 1}) {
-    std::deque<int> pending{slot};
+    std::vector<int> pending{slot};
     uint32_t imm = credits::take(pending);
     EXPECT_TRUE(credits::isCredit(imm)) << slot;
     EXPECT_EQ(decode(imm), std::vector<int>{slot});
@@ -38,7 +37,7 @@ TEST(Credits, EverySlotUpToTheLimitRoundTrips) {
 }
 
 TEST(Credits, AFullGroupFitsOneMessage) {
-  std::deque<int> pending;
+  std::vector<int> pending;
   for (int slot = 47; slot >= 32; --slot) pending.push_back(slot);
   std::vector<int> all = decode(credits::take(pending));
   EXPECT_TRUE(pending.empty());
