@@ -65,6 +65,9 @@ constexpr std::array kOptions = {
     "allreduce algorithm: auto, ring (reduce-scatter + allgather), tree (binomial reduce + broadcast) or recursive_doubling (power-of-two groups)", 0, 0},
   OptionSpec{"RDMACC_ALGO_BROADCAST", String, "auto", "",
     "broadcast algorithm: auto, ring (pipelined chain) or tree (pipelined binomial tree)", 0, 0},
+  OptionSpec{"RDMACC_COLLECTIVES_IN_FLIGHT", Int, "8", "",
+    "collectives the engine runs at once when the caller issues them without waiting: a later one starts "
+    "while earlier ones run if none of them has packing copies and their buffers do not overlap; 1: one at a time", 1, 64},
   OptionSpec{"RDMACC_SPIN_US", Int, "50", "us",
     "how long the progress thread, or a caller in wait(), busy-polls without progress before it "
     "sleeps on the completion channel", 0, 10000000},

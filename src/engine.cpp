@@ -155,8 +155,30 @@ struct PeerState {
   std::deque<Advert> adverts;         // the peer's direct-receive destinations, oldest first
 };
 
+// Memory an operation touches, as address intervals (empty: lo == hi).
+struct Span {
+  uintptr_t lo = 0;
+  uintptr_t hi = 0;
+  bool overlaps(const Span& o) const { return lo < o.hi && o.lo < hi; }
+  void cover(const uint8_t* base, size_t offset, size_t bytes) {
+    if (base == nullptr || bytes == 0) return;
+    uintptr_t from = reinterpret_cast<uintptr_t>(base) + offset, to = from + bytes;
+    if (lo == hi) {
+      lo = from, hi = to;
+    } else {
+      lo = std::min(lo, from), hi = std::max(hi, to);
+    }
+  }
+};
+
 struct Active {
   std::unique_ptr<Operation> op;
+  // Collectives: what the operation reads and writes (send buffer, receive
+  // buffer, the copy-in's source), unless `opaque`: a prologue or epilogue
+  // touches memory the engine cannot see. Decides whether it may run while
+  // earlier collectives do.
+  bool opaque = true;
+  std::array<Span, 3> footprint{};
   std::shared_ptr<ZeroCopyWrites> zeroCopy = std::make_shared<ZeroCopyWrites>();
   // Direct receives: the adverts still to send, which receives ([step][recv])
   // peers may write directly, and the registrations that keep those
@@ -189,6 +211,8 @@ struct Active {
     advertised.clear();
     exposed.clear();
     started = finished = false;
+    opaque = true;
+    footprint = {};
     step = 0;
     sent.clear();
     sentMessages.clear();
@@ -240,6 +264,10 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<Active>> spareActives;
   std::vector<std::unique_ptr<Operation>> intakeTaken;
   std::vector<char> streaming;  // advancePointToPoint: peers with a send in progress
+  // Credits trySend leaves untouched: while collectives behind the oldest
+  // one send, half of every peer's slots stay for the oldest, so messages
+  // that run ahead never take the window the oldest one needs.
+  size_t creditReserve = 0;
   std::optional<Error> broken;
 
   // Shared with other threads.
@@ -323,7 +351,8 @@ struct Engine::Impl {
     PeerState& p = peers[static_cast<size_t>(peer)];
     size_t laneIndex = header.kind == MessageKind::Collective ? p.nextLane : 0;
     Lane& lane = p.lanes[laneIndex];
-    if (p.freeRemote.empty() || p.freeStaging.empty() || sendQueueFull(lane, direct ? 2 : 1)) {
+    if (p.freeRemote.size() <= creditReserve || p.freeStaging.empty() ||
+        sendQueueFull(lane, direct ? 2 : 1)) {
       return false;
     }
     int remote = p.freeRemote.front();
@@ -679,8 +708,11 @@ struct Engine::Impl {
       const Header& h = it->header;
       if (h.kind != MessageKind::Collective) continue;
       if (h.sequence != sequence) {
-        if (static_cast<int32_t>(h.sequence - sequence) < 0) mismatch(a, peer, h, payload);
-        continue;  // a later operation's: it waits
+        // One of an operation this rank already finished: the peer is out of
+        // step. Any other belongs to another operation in flight, or to a
+        // later one, and waits.
+        if (static_cast<int32_t>(h.sequence - oldestSequence()) < 0) mismatch(a, peer, h, payload);
+        continue;
       }
       if (h.opType != static_cast<uint8_t>(op.type) || h.check != op.checkValue) {
         mismatch(a, peer, h, payload);
@@ -691,6 +723,10 @@ struct Engine::Impl {
       }
     }
     return std::nullopt;
+  }
+
+  uint32_t oldestSequence() const {
+    return static_cast<uint32_t>(collectives.front()->op->sequence);
   }
 
   void consume(int peer, InboxIt in) {
@@ -1029,7 +1065,9 @@ struct Engine::Impl {
     auto now = Clock::now();
     auto expired = [&](const Active& a) { return a.started && now > a.deadline; };
     const Active* late = nullptr;
-    if (!collectives.empty() && expired(*collectives.front())) late = collectives.front().get();
+    for (const auto& a : collectives) {
+      if (late == nullptr && expired(*a)) late = a.get();
+    }
     for (const auto& a : pointToPoint) {
       if (late == nullptr && expired(*a)) late = a.get();
     }
@@ -1114,12 +1152,51 @@ struct Engine::Impl {
       if (a->op->pointToPoint) {
         pointToPoint.push_back(std::move(a));
       } else {
+        computeFootprint(*a);
         collectives.push_back(std::move(a));
       }
     }
     ops.clear();
     if (broken) failAll(*broken);
     return any || abortReason.has_value();
+  }
+
+  void computeFootprint(Active& a) const {
+    const Operation& op = *a.op;
+    a.opaque = static_cast<bool>(op.prologue) || static_cast<bool>(op.epilogue);
+    a.footprint = {};
+    if (a.opaque) return;
+    for (const Step& s : op.steps()) {
+      for (const SendSpec& send : s.sends) {
+        a.footprint[0].cover(op.sendBase, send.range.offset, send.range.bytes);
+      }
+      for (const RecvSpec& recv : s.recvs) {
+        a.footprint[1].cover(op.recvBase, recv.range.offset, recv.range.bytes);
+      }
+      for (const Range& r : s.finalize) a.footprint[1].cover(op.recvBase, r.offset, r.bytes);
+    }
+    a.footprint[1].cover(op.copyIn.to, 0, op.copyIn.bytes);
+    a.footprint[2].cover(op.copyIn.from, 0, op.copyIn.bytes);
+  }
+
+  // Whether collectives[i] may start while the ones before it still run:
+  // neither it nor any of them has opaque copies, and its memory does not
+  // overlap theirs (a collective on the result of the previous one waits
+  // for it, as it would on a stream).
+  bool mayStartAhead(size_t i) const {
+    const Active& a = *collectives[i];
+    if (a.opaque) return false;
+    for (size_t j = 0; j < i; ++j) {
+      const Active& b = *collectives[j];
+      if (b.finished) continue;
+      if (b.opaque) return false;
+      for (const Span& x : a.footprint) {
+        for (const Span& y : b.footprint) {
+          if (x.overlaps(y)) return false;
+        }
+      }
+    }
+    return true;
   }
 
   // A finished Active goes back to the pool (a few are enough: operations
@@ -1139,14 +1216,25 @@ struct Engine::Impl {
       lastConnectionCheck = Clock::now();
       progress |= pollConnectionEvents();
     }
-    while (!broken && !collectives.empty()) {
-      Active& a = *collectives.front();
+    // The oldest collective runs, and up to collectivesInFlight - 1 later
+    // ones that may start ahead (in submission order); they complete in
+    // submission order.
+    const size_t window = std::min(collectives.size(), options.collectivesInFlight);
+    for (size_t i = 0; i < window && !broken; ++i) {
+      Active& a = *collectives[i];
+      if (a.finished) continue;
+      if (!a.started && i > 0 && !mayStartAhead(i)) break;
+      struct Reserve {  // reset even when advancing throws (aborts must still go out)
+        size_t& value;
+        ~Reserve() { value = 0; }
+      } reserve{creditReserve};
+      creditReserve = i == 0 ? 0 : static_cast<size_t>(options.slotsPerPeer + 1) / 2;
       bool before = a.started;
       bool moved = advanceCollective(a);
-      if (!a.finished) {
-        progress |= moved || !before;
-        break;
-      }
+      progress |= moved || !before;
+    }
+    while (!broken && !collectives.empty() && collectives.front()->finished) {
+      Active& a = *collectives.front();
       finishedCollective(static_cast<uint32_t>(a.op->sequence));
       a.op->work->finish(nullptr);
       recycle(std::move(collectives.front()));

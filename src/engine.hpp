@@ -82,7 +82,10 @@ struct Operation {
 struct EngineOptions {
   std::string group;
   int slotsPerPeer = 16;
-  size_t slotBytes = 0;                // 0: autoSlotBytes(world size, slotsPerPeer)
+  size_t slotBytes = 0;  // 0: autoSlotBytes(world size, slotsPerPeer)
+  // Collectives run at once (RDMACC_COLLECTIVES_IN_FLIGHT): the oldest, and
+  // later ones whose buffers are independent of every earlier one's.
+  size_t collectivesInFlight = 8;
   std::chrono::microseconds spin{50};  // busy-poll this long before sleeping
   // sched_yield() between polls while spinning: with more ranks than CPUs the
   // rank being waited for gets the CPU instead of waiting for a time slice.

@@ -428,6 +428,8 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .group = options.groupName,
           .slotsPerPeer = static_cast<int>(s.config.getInt("RDMACC_SLOTS_PER_PEER")),
           .slotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SLOT_BYTES")),
+          .collectivesInFlight =
+              static_cast<size_t>(s.config.getInt("RDMACC_COLLECTIVES_IN_FLIGHT")),
           .spin = std::chrono::microseconds(s.config.getInt("RDMACC_SPIN_US")),
           .spinYield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"), *s.mesh),
           .registrations = s.registrations.get(),

@@ -47,6 +47,7 @@ struct Args {
   Algorithm algorithm = Algorithm::Auto;
   bool check = false;
   bool registerBuffers = false;  // -R: zero-copy from registered buffers
+  int buffers = 1;               // --buffers: iterations rotate over this many buffer sets
   std::string json;
   std::string csv;      // appended to (header when the file is new or empty)
   std::string plot;     // PNG of every series in the CSV (or of this run)
@@ -77,6 +78,9 @@ void usage(FILE* out) {
       "reduce_scatter, alltoall), pairwise (alltoall)\n"
       "  --check  verify every element of every size (#wrong column)\n"
       "  -R       register the buffers with the backend (zero-copy sends, as nccl-tests -R)\n"
+      "  --buffers K  rotate the timed iterations over K buffer sets (default 1: every iteration\n"
+      "               on the result of the one before, as nccl-tests); with K > 1 independent\n"
+      "               collectives overlap (RDMACC_COLLECTIVES_IN_FLIGHT), as DDP's buckets do\n"
       "  --json FILE  write the results as JSON\n"
       "  --csv FILE   append the results to a CSV file (header written when it is new), so that\n"
       "               runs of several collectives or world sizes can share one file\n"
@@ -155,6 +159,8 @@ Args parse(int argc, char** argv) {
       a.iterations = static_cast<int>(parseInt(v, "-n")), a.iterationsGiven = true;
     else if (k == "-w")
       a.warmup = static_cast<int>(parseInt(v, "-w"));
+    else if (k == "--buffers")
+      a.buffers = static_cast<int>(parseInt(v, "--buffers"));
     else if (k == "-m")
       a.mode = v;
     else if (k == "-t")
@@ -354,51 +360,52 @@ class CollectiveBench {
   std::shared_ptr<Work> once(bool inPlace) {
     const std::string& c = args_.collective;
     if (c == "allreduce") {
-      std::vector<Tensor> t{buf_->tensor()};
+      std::vector<Tensor> t{buf().tensor()};
       return backend_->allreduce(
           t, AllreduceOptions{.reduceOp = args_.op, .algorithm = args_.algorithm});
     }
     if (c == "broadcast") {
-      std::vector<Tensor> t{buf_->tensor()};
+      std::vector<Tensor> t{buf().tensor()};
       return backend_->broadcast(
           t, BroadcastOptions{.rootRank = args_.root, .algorithm = args_.algorithm});
     }
     if (c == "reduce") {
-      std::vector<Tensor> t{buf_->tensor()};
+      std::vector<Tensor> t{buf().tensor()};
       return backend_->reduce(t, ReduceOptions{.reduceOp = args_.op, .rootRank = args_.root});
     }
     if (c == "allgather") {
-      Tensor out = out_->tensor();
-      Tensor in = inPlace ? Tensor{out_->bytes.data() + static_cast<size_t>(rank_) * count_ * es_,
-                                   count_, args_.dtype}
-                          : buf_->tensor();
+      Tensor out = outBuf().tensor();
+      Tensor in = inPlace
+                      ? Tensor{outBuf().bytes.data() + static_cast<size_t>(rank_) * count_ * es_,
+                               count_, args_.dtype}
+                      : buf().tensor();
       return backend_->_allgather_base(out, in, AllgatherOptions{.algorithm = args_.algorithm});
     }
     if (c == "reduce_scatter") {
-      Tensor out = buf_->tensor(), in = out_->tensor();
+      Tensor out = buf().tensor(), in = outBuf().tensor();
       return backend_->_reduce_scatter_base(
           out, in, ReduceScatterOptions{.reduceOp = args_.op, .algorithm = args_.algorithm});
     }
     if (c == "alltoall") {
-      Tensor out = out_->tensor(), in = buf_->tensor();
+      Tensor out = outBuf().tensor(), in = buf().tensor();
       std::vector<int64_t> none;
       return backend_->alltoall_base(out, in, none, none,
                                      AllToAllOptions{.algorithm = args_.algorithm});
     }
     if (c == "gather") {
-      std::vector<Tensor> in{buf_->tensor()};
+      std::vector<Tensor> in{buf().tensor()};
       std::vector<std::vector<Tensor>> outs;
       if (rank_ == args_.root) outs.push_back(parts_);
       return backend_->gather(outs, in, GatherOptions{.rootRank = args_.root});
     }
     if (c == "scatter") {
-      std::vector<Tensor> out{buf_->tensor()};
+      std::vector<Tensor> out{buf().tensor()};
       std::vector<std::vector<Tensor>> ins;
       if (rank_ == args_.root) ins.push_back(parts_);
       return backend_->scatter(out, ins, ScatterOptions{.rootRank = args_.root});
     }
     if (c == "sendrecv") {
-      std::vector<Tensor> s{buf_->tensor()}, r{out_->tensor()};
+      std::vector<Tensor> s{buf().tensor()}, r{outBuf().tensor()};
       int right = (rank_ + 1) % n_, left = (rank_ + n_ - 1) % n_;
       auto recv = backend_->recv(r, left, 0);
       backend_->send(s, right, 0);
@@ -412,10 +419,15 @@ class CollectiveBench {
     count_ = count;
     const std::string& c = args_.collective;
     size_t total = count * static_cast<size_t>(n_);
-    // buf_: the per-rank tensor (alltoall: the whole input); out_: the gathered
+    // buf(): the per-rank tensor (alltoall: the whole input); outBuf(): the gathered
     // or exchanged buffer (reduce_scatter: its input; sendrecv: the receive).
-    buf_ = std::make_unique<Buffer>(args_.dtype, c == "alltoall" ? total : count);
-    out_ = std::make_unique<Buffer>(args_.dtype, c == "sendrecv" ? count : total);
+    bufs_.clear();
+    outs_.clear();
+    for (int k = 0; k < std::max(1, args_.buffers); ++k) {
+      bufs_.push_back(std::make_unique<Buffer>(args_.dtype, c == "alltoall" ? total : count));
+      outs_.push_back(std::make_unique<Buffer>(args_.dtype, c == "sendrecv" ? count : total));
+    }
+    current_ = 0;
     parts_.clear();
     partBufs_.clear();
     if ((c == "gather" || c == "scatter") && rank_ == args_.root) {
@@ -424,8 +436,8 @@ class CollectiveBench {
       for (auto& p : partBufs_) parts_.push_back(p->tensor());
     }
     if (args_.registerBuffers) {
-      registered_.emplace_back(*backend_, *buf_);
-      registered_.emplace_back(*backend_, *out_);
+      for (auto& b : bufs_) registered_.emplace_back(*backend_, *b);
+      for (auto& b : outs_) registered_.emplace_back(*backend_, *b);
       for (auto& p : partBufs_) registered_.emplace_back(*backend_, *p);
     }
   }
@@ -437,20 +449,20 @@ class CollectiveBench {
     auto fill = [&](Buffer& b, int r, size_t offset) {
       for (size_t i = 0; i < b.numel(); ++i) b.set(i, value(r, offset + i));
     };
-    if (c == "allreduce" || c == "reduce") fill(*buf_, rank_, 0);
-    if (c == "broadcast") fill(*buf_, rank_ == args_.root ? args_.root : (rank_ + 1) % 5 + 7, 0);
+    if (c == "allreduce" || c == "reduce") fill(buf(), rank_, 0);
+    if (c == "broadcast") fill(buf(), rank_ == args_.root ? args_.root : (rank_ + 1) % 5 + 7, 0);
     if (c == "allgather") {
-      std::fill(out_->bytes.begin(), out_->bytes.end(), 0);
+      std::fill(outBuf().bytes.begin(), outBuf().bytes.end(), 0);
       if (inPlace) {
         for (size_t i = 0; i < n; ++i)
-          out_->set(static_cast<size_t>(rank_) * n + i, value(rank_, i));
+          outBuf().set(static_cast<size_t>(rank_) * n + i, value(rank_, i));
       } else {
-        fill(*buf_, rank_, 0);
+        fill(buf(), rank_, 0);
       }
     }
-    if (c == "reduce_scatter") fill(*out_, rank_, 0);
-    if (c == "alltoall") fill(*buf_, rank_, 0);
-    if (c == "gather" || c == "sendrecv") fill(*buf_, rank_, 0);
+    if (c == "reduce_scatter") fill(outBuf(), rank_, 0);
+    if (c == "alltoall") fill(buf(), rank_, 0);
+    if (c == "gather" || c == "sendrecv") fill(buf(), rank_, 0);
     if (c == "scatter" && rank_ == args_.root) {
       for (int r = 0; r < n_; ++r) fill(*partBufs_[static_cast<size_t>(r)], r, 0);
     }
@@ -462,25 +474,26 @@ class CollectiveBench {
       if (b.get(i) != w.get(0)) ++wrong;
     };
     if (c == "allreduce" || (c == "reduce" && rank_ == args_.root)) {
-      for (size_t i = 0; i < n; ++i) expect(*buf_, i, reduced(args_.op, n_, i, args_.dtype));
+      for (size_t i = 0; i < n; ++i) expect(buf(), i, reduced(args_.op, n_, i, args_.dtype));
     }
     if (c == "broadcast") {
-      for (size_t i = 0; i < n; ++i) expect(*buf_, i, value(args_.root, i));
+      for (size_t i = 0; i < n; ++i) expect(buf(), i, value(args_.root, i));
     }
     if (c == "allgather") {
       for (int r = 0; r < n_; ++r) {
-        for (size_t i = 0; i < n; ++i) expect(*out_, static_cast<size_t>(r) * n + i, value(r, i));
+        for (size_t i = 0; i < n; ++i)
+          expect(outBuf(), static_cast<size_t>(r) * n + i, value(r, i));
       }
     }
     if (c == "reduce_scatter") {
       for (size_t i = 0; i < n; ++i) {
-        expect(*buf_, i, reduced(args_.op, n_, static_cast<size_t>(rank_) * n + i, args_.dtype));
+        expect(buf(), i, reduced(args_.op, n_, static_cast<size_t>(rank_) * n + i, args_.dtype));
       }
     }
     if (c == "alltoall") {  // block p of rank r's input went to rank p's block r
       for (int r = 0; r < n_; ++r) {
         for (size_t i = 0; i < n; ++i)
-          expect(*out_, static_cast<size_t>(r) * n + i,
+          expect(outBuf(), static_cast<size_t>(r) * n + i,
                  value(r, static_cast<size_t>(rank_) * n + i));
       }
     }
@@ -490,11 +503,11 @@ class CollectiveBench {
       }
     }
     if (c == "scatter") {
-      for (size_t i = 0; i < n; ++i) expect(*buf_, i, value(rank_, i));
+      for (size_t i = 0; i < n; ++i) expect(buf(), i, value(rank_, i));
     }
     if (c == "sendrecv") {
       int left = (rank_ + n_ - 1) % n_;
-      for (size_t i = 0; i < n; ++i) expect(*out_, i, value(left, i));
+      for (size_t i = 0; i < n; ++i) expect(outBuf(), i, value(left, i));
     }
     return wrong;
   }
@@ -527,6 +540,7 @@ class CollectiveBench {
     std::vector<std::shared_ptr<Work>> works;
     for (int i = 0; i < args_.iterations; ++i) {
       // Ops complete in order: keep a bounded number in flight.
+      current_ = static_cast<size_t>(i) % bufs_.size();
       works.push_back(once(inPlace));
       if (works.size() >= 16) {
         works.front()->wait();
@@ -534,6 +548,7 @@ class CollectiveBench {
       }
     }
     for (auto& w : works) w->wait();
+    current_ = 0;
     double mine =
         std::chrono::duration<double, std::micro>(Clock::now() - start).count() / args_.iterations;
     row.time = sumAcrossRanks(mine) / n_;
@@ -547,7 +562,11 @@ class CollectiveBench {
   std::shared_ptr<VerbsBackend> backend_;
   int n_ = 1, rank_ = 0;
   size_t es_ = 4, count_ = 0;
-  std::unique_ptr<Buffer> buf_, out_;
+  // Buffer sets (--buffers); the current one is what the next iteration uses.
+  std::vector<std::unique_ptr<Buffer>> bufs_, outs_;
+  size_t current_ = 0;
+  Buffer& buf() { return *bufs_[current_]; }
+  Buffer& outBuf() { return *outs_[current_]; }
   std::vector<std::unique_ptr<Buffer>> partBufs_;
   std::vector<Tensor> parts_;
   // -R: registrations of the buffers above, released before they are freed.

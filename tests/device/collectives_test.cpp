@@ -3,15 +3,18 @@
 // group per world size runs every case (the VM is slow; groups are not cheap).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "rdmacc/backend.hpp"
 #include "rdmacc/error.hpp"
@@ -651,6 +654,62 @@ TEST(Collectives, WorkCallbacksAndAsyncQueue) {
     expectReduced(bufs[static_cast<size_t>(i)], ReduceOp::Sum, 0,
                   bufs[static_cast<size_t>(i)].numel(), 8000 + i, "queued allreduce");
   EXPECT_TRUE(works.back()->isCompleted());
+}
+
+// Collectives issued without waiting run together when their buffers are
+// independent (RDMACC_COLLECTIVES_IN_FLIGHT) and in order when one works on
+// the result of another; either way they complete in submission order.
+TEST(Collectives, IndependentCollectivesOverlapDependentOnesKeepTheirOrder) {
+  const float n = static_cast<float>(N);
+  std::vector<std::vector<float>> independent(12, std::vector<float>(33));
+  std::vector<float> chain(50, static_cast<float>(R + 1));
+  std::vector<float> root(20, static_cast<float>(R == N - 1 ? 7 : -1));
+  std::vector<float> part(9, static_cast<float>(R)), gathered(9 * static_cast<size_t>(N), -1.0f);
+  for (size_t k = 0; k < independent.size(); ++k) {
+    std::fill(independent[k].begin(), independent[k].end(), static_cast<float>(R + k));
+  }
+  auto tensor = [](std::vector<float>& v) { return Tensor{v.data(), v.size(), DataType::Float32}; };
+  std::vector<std::shared_ptr<Work>> works;
+  std::mutex orderMutex;
+  std::vector<uint64_t> order;
+  auto track = [&](std::shared_ptr<Work> w) {
+    w->then([&](Work& done) {
+      std::lock_guard lock(orderMutex);
+      order.push_back(done.sequenceNumber());
+    });
+    works.push_back(std::move(w));
+  };
+  for (size_t k = 0; k < independent.size(); ++k) {
+    std::vector<Tensor> t{tensor(independent[k])};
+    track(gBackend->allreduce(t));
+    if (k == 3 || k == 7) {  // the chain: each allreduce sums the previous result
+      std::vector<Tensor> c{tensor(chain)};
+      track(gBackend->allreduce(c));
+    }
+    if (k == 5) {
+      std::vector<Tensor> b{tensor(root)};
+      track(gBackend->broadcast(b, BroadcastOptions{.rootRank = N - 1}));
+      Tensor out = tensor(gathered), in = tensor(part);
+      track(gBackend->_allgather_base(out, in));
+    }
+  }
+  for (auto& w : works) w->wait();
+  for (size_t k = 0; k < independent.size(); ++k) {
+    const float want = n * (n - 1) / 2 + n * static_cast<float>(k);
+    for (float x : independent[k]) ASSERT_EQ(x, want) << "allreduce " << k;
+  }
+  const float once = n * (n + 1) / 2;
+  for (float x : chain) ASSERT_EQ(x, n * once) << "the second allreduce of the chain";
+  for (float x : root) ASSERT_EQ(x, 7.0f);
+  for (int r = 0; r < N; ++r) {
+    for (size_t i = 0; i < part.size(); ++i) {
+      ASSERT_EQ(gathered[static_cast<size_t>(r) * part.size() + i], static_cast<float>(r));
+    }
+  }
+  std::lock_guard lock(orderMutex);
+  ASSERT_EQ(order.size(), works.size());
+  EXPECT_TRUE(std::is_sorted(order.begin(), order.end()))
+      << fmt::format("{}", fmt::join(order, " "));
 }
 
 // ------------------------------------------------------------ bad input --
