@@ -68,9 +68,10 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_COLLECTIVES_IN_FLIGHT", Int, "8", "",
     "collectives the engine runs at once when the caller issues them without waiting: a later one starts "
     "while earlier ones run if none of them has packing copies and their buffers do not overlap; 1: one at a time", 1, 64},
-  OptionSpec{"RDMACC_SPIN_US", Int, "50", "us",
+  OptionSpec{"RDMACC_SPIN_US", String, "auto", "us",
     "how long the progress thread, or a caller in wait(), busy-polls without progress before it "
-    "sleeps on the completion channel", 0, 10000000},
+    "sleeps on the completion channel (0 to 10000000); auto: 50, or 1000 while spinning yields the CPU "
+    "(RDMACC_SPIN_YIELD: then a wake-up from sleep costs more than a longer spin)", 0, 0},
   OptionSpec{"RDMACC_SPIN_YIELD", String, "auto", "",
     "give the CPU away (sched_yield) between polls while spinning: 1, 0, or auto (when this host runs "
     "more ranks of the group than the process may use CPUs, as Open MPI's yield_when_idle)", 0, 0},
@@ -125,6 +126,14 @@ void validate(const OptionSpec& spec, const std::string& text) {
         throw Error(ErrorKind::InvalidArgument,
                     fmt::format("RDMACC_SPIN_YIELD='{}' is not auto, 0 or 1", text),
                     "set RDMACC_SPIN_YIELD to auto (the default), 1 (always yield) or 0 (never)");
+      }
+      if (spec.name == "RDMACC_SPIN_US" && text != "auto") {
+        int64_t us = parseInt(text, spec.name);
+        if (us < 0 || us > 10000000) {
+          throw Error(ErrorKind::InvalidArgument,
+                      fmt::format("RDMACC_SPIN_US={} is out of range", us),
+                      "set RDMACC_SPIN_US to auto (the default) or 0 to 10000000 microseconds");
+        }
       }
       if (spec.name.starts_with("RDMACC_ALGO_")) {
         bool allreduce = spec.name == "RDMACC_ALGO_ALLREDUCE";
