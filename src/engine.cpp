@@ -1163,7 +1163,11 @@ struct Engine::Impl {
 
   void computeFootprint(Active& a) const {
     const Operation& op = *a.op;
-    a.opaque = static_cast<bool>(op.prologue) || static_cast<bool>(op.epilogue);
+    // A barrier is a fence: it starts after every earlier collective finished
+    // here and nothing starts before it completes, so that a completed
+    // barrier still means every rank is done with what came before it.
+    a.opaque = static_cast<bool>(op.prologue) || static_cast<bool>(op.epilogue) ||
+               op.type == OpType::Barrier;
     a.footprint = {};
     if (a.opaque) return;
     for (const Step& s : op.steps()) {
