@@ -179,6 +179,7 @@ struct Active {
   // earlier collectives do.
   bool opaque = true;
   std::array<Span, 3> footprint{};
+  bool latencyBound = false;  // every message fits one slot
   std::shared_ptr<ZeroCopyWrites> zeroCopy = std::make_shared<ZeroCopyWrites>();
   // Direct receives: the adverts still to send, which receives ([step][recv])
   // peers may write directly, and the registrations that keep those
@@ -212,6 +213,7 @@ struct Active {
     exposed.clear();
     started = finished = false;
     opaque = true;
+    latencyBound = false;
     footprint = {};
     step = 0;
     sent.clear();
@@ -290,6 +292,7 @@ struct Engine::Impl {
   // (it is likely back with the next operation), the engine thread parks.
   std::mutex progressMutex;
   std::atomic<int> drivers{0};
+  std::atomic<bool> latencyBound{false};  // the oldest pending work, as of the last step
   std::atomic<Clock::rep> driverLeft{0};  // when the last driver left content; 0: none since
   bool stopped = false;                   // under progressMutex: no more progress after ~Engine
   std::jthread thread;                    // last: starts after everything above exists
@@ -1150,6 +1153,7 @@ struct Engine::Impl {
       }
       a->op = std::move(op);
       if (a->op->pointToPoint) {
+        a->latencyBound = a->op->bytes <= chunk;
         pointToPoint.push_back(std::move(a));
       } else {
         computeFootprint(*a);
@@ -1163,6 +1167,10 @@ struct Engine::Impl {
 
   void computeFootprint(Active& a) const {
     const Operation& op = *a.op;
+    a.latencyBound = true;
+    for (const Step& s : op.steps()) {
+      for (const SendSpec& send : s.sends) a.latencyBound &= send.range.bytes <= chunk;
+    }
     // A barrier is a fence: it starts after every earlier collective finished
     // here and nothing starts before it completes, so that a completed
     // barrier still means every rank is done with what came before it.
@@ -1247,6 +1255,11 @@ struct Engine::Impl {
     }
     if (!broken) progress |= advancePointToPoint();
     if (!broken) checkDeadlines();
+    // How long to spin next: the oldest work's kind.
+    latencyBound.store(!collectives.empty()    ? collectives.front()->latencyBound
+                       : !pointToPoint.empty() ? pointToPoint.front()->latencyBound
+                                               : false,
+                       std::memory_order_relaxed);
     // Credits that found no message to ride on go now, before the engine
     // spins or sleeps, to a peer that may be waiting for them.
     if (!progress) {
@@ -1335,7 +1348,7 @@ struct Engine::Impl {
       if (now >= until) break;
       if (progress) {
         lastProgress = now;
-      } else if (now - lastProgress > options.spin) {
+      } else if (now - lastProgress > spinTime()) {
         sleep(std::chrono::duration_cast<std::chrono::microseconds>(
                   std::min<Clock::duration>(until - now, kSleepSlice)),
               /*mayIdle=*/false);
@@ -1347,6 +1360,10 @@ struct Engine::Impl {
     driverLeft.store(completed ? Clock::now().time_since_epoch().count() : 0);
     drivers.fetch_sub(1);
     if (!completed) wake();  // the engine thread takes over at once
+  }
+
+  std::chrono::microseconds spinTime() const {
+    return latencyBound.load(std::memory_order_relaxed) ? options.spinLatencyBound : options.spin;
   }
 
   // How long the engine thread stays out of the way of drivers.
@@ -1379,7 +1396,7 @@ struct Engine::Impl {
         lastProgress = now;
         continue;
       }
-      if (now - lastProgress < options.spin) {
+      if (now - lastProgress < spinTime()) {
         if (options.spinYield) sched_yield();
         continue;
       }

@@ -87,6 +87,9 @@ struct EngineOptions {
   // later ones whose buffers are independent of every earlier one's.
   size_t collectivesInFlight = 8;
   std::chrono::microseconds spin{50};  // busy-poll this long before sleeping
+  // The same while the oldest operation is latency-bound (each of its
+  // messages fits one slot): waits are short, a wake-up from sleep costs more.
+  std::chrono::microseconds spinLatencyBound{50};
   // sched_yield() between polls while spinning: with more ranks than CPUs the
   // rank being waited for gets the CPU instead of waiting for a time slice.
   bool spinYield = false;

@@ -41,15 +41,23 @@ bool spinYield(const std::string& setting, const Mesh& mesh) {
   return yield;
 }
 
-// RDMACC_SPIN_US (validated by Config). auto: 50 us; 1 ms when spinning
-// yields (more ranks than CPUs), where a sleeping rank needs an interrupt and
-// a reschedule to wake while a yielding spinner hands its CPU to the rank it
-// waits for anyway. Measured in the VM (4 ranks, 2 vCPUs, A/B 3 rounds):
-// 8-byte allreduce 425-644 vs 648-1160 us, broadcast 162-220 vs 554-786 us,
-// 16 MiB allreduce busbw 0.043-0.049 vs 0.044-0.052 GB/s.
-std::chrono::microseconds spinTime(const std::string& setting, bool yield) {
-  if (setting == "auto") return std::chrono::microseconds(yield ? 1000 : 50);
-  return std::chrono::microseconds(std::stoll(setting));
+// RDMACC_SPIN_US (validated by Config): {bandwidth-bound, latency-bound}
+// spin. auto: 50 us, and 1 ms for latency-bound work when spinning yields
+// (more ranks than CPUs): a sleeping rank needs an interrupt and a
+// reschedule to wake, while a yielding spinner hands its CPU to the rank it
+// waits for anyway; for large transfers the spinner's polls take CPU from
+// the device's software (rxe), so they keep the short spin. Measured in the
+// VM (4 ranks, 2 vCPUs, A/B 1 ms vs 50 us, 3 rounds): 8-byte allreduce
+// 425-644 vs 648-1160 us, broadcast 162-220 vs 554-786 us; 16 MiB allreduce
+// busbw 0.043-0.049 vs 0.044-0.052 GB/s.
+std::pair<std::chrono::microseconds, std::chrono::microseconds> spinTimes(
+    const std::string& setting, bool yield) {
+  using std::chrono::microseconds;
+  if (setting != "auto") {
+    microseconds us(std::stoll(setting));
+    return {us, us};
+  }
+  return {microseconds(50), microseconds(yield ? 1000 : 50)};
 }
 
 constexpr int kLinearAlltoallMaxRanks = 8;          // Auto alltoall: every pair at once up to here
@@ -434,6 +442,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
       },
       s.config.getBool("RDMACC_REGISTRATION_CACHE"), static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
   const bool yield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"), *s.mesh);
+  const auto spins = spinTimes(s.config.getString("RDMACC_SPIN_US"), yield);
   s.engine = std::make_unique<Engine>(
       *s.mesh, *s.store,
       EngineOptions{
@@ -442,7 +451,8 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .slotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SLOT_BYTES")),
           .collectivesInFlight =
               static_cast<size_t>(s.config.getInt("RDMACC_COLLECTIVES_IN_FLIGHT")),
-          .spin = spinTime(s.config.getString("RDMACC_SPIN_US"), yield),
+          .spin = spins.first,
+          .spinLatencyBound = spins.second,
           .spinYield = yield,
           .registrations = s.registrations.get(),
           .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES"))});
