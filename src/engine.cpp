@@ -1167,19 +1167,16 @@ struct Engine::Impl {
 
   void computeFootprint(Active& a) const {
     const Operation& op = *a.op;
-    a.latencyBound = true;
-    for (const Step& s : op.steps()) {
-      for (const SendSpec& send : s.sends) a.latencyBound &= send.range.bytes <= chunk;
-    }
     // A barrier is a fence: it starts after every earlier collective finished
     // here and nothing starts before it completes, so that a completed
     // barrier still means every rank is done with what came before it.
     a.opaque = static_cast<bool>(op.prologue) || static_cast<bool>(op.epilogue) ||
                op.type == OpType::Barrier;
     a.footprint = {};
-    if (a.opaque) return;
+    a.latencyBound = true;
     for (const Step& s : op.steps()) {
       for (const SendSpec& send : s.sends) {
+        a.latencyBound &= send.range.bytes <= chunk;
         a.footprint[0].cover(op.sendBase, send.range.offset, send.range.bytes);
       }
       for (const RecvSpec& recv : s.recvs) {
