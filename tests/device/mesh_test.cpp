@@ -9,6 +9,7 @@
 #include <array>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <set>
 #include <thread>
@@ -171,32 +172,49 @@ Config quickConfig(std::map<std::string, std::string> extra = {}) {
   return Config::load(extra);
 }
 
-TEST(InProcess, MissingRankIsNamedAfterTheTimeout) {
-  HashStore store(10s);
-  Config config = quickConfig();
-  std::array<std::string, 2> errors;
-  std::array<Clock::duration, 2> took{};
+// How one rank's attempt to form a group went.
+struct Attempt {
+  std::string error;  // "formed without rank 2" if it formed
+  ErrorKind kind = ErrorKind::Internal;
+  int blamed = -1;  // the error's peer rank
+  Clock::duration took{};
+};
+
+// Ranks 0 and 1 of a group of 3 try to form it in threads of this process;
+// rank 2 never comes.
+std::array<Attempt, 2> formWithoutRank2(HashStore& store, const std::string& group,
+                                        const std::function<Config(int rank)>& configOf) {
+  std::array<Attempt, 2> attempts;
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
+      Attempt& a = attempts[static_cast<size_t>(r)];
+      Config config = configOf(r);
       auto start = Clock::now();
       try {
-        Mesh mesh(store, r, 3, config, MeshOptions{.group = "missing"});
-        errors[static_cast<size_t>(r)] = "formed without rank 2";
+        Mesh mesh(store, r, 3, config, MeshOptions{.group = group});
+        a.error = "formed without rank 2";
       } catch (const Error& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-        EXPECT_EQ(e.kind(), ErrorKind::Timeout) << e.what();
-        EXPECT_EQ(e.peerRank(), 2) << e.what();
+        a.error = e.what();
+        a.kind = e.kind();
+        a.blamed = e.peerRank();
       }
-      took[static_cast<size_t>(r)] = Clock::now() - start;
+      a.took = Clock::now() - start;
     });
   }
   for (auto& t : ranks) t.join();
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank(s) 2 never arrived"), std::string::npos)
-        << errors[static_cast<size_t>(r)];
-    EXPECT_LT(took[static_cast<size_t>(r)], 20s);
-    EXPECT_GE(took[static_cast<size_t>(r)], 3s);
+  return attempts;
+}
+
+TEST(InProcess, MissingRankIsNamedAfterTheTimeout) {
+  HashStore store(10s);
+  auto attempts = formWithoutRank2(store, "missing", [](int) { return quickConfig(); });
+  for (const Attempt& a : attempts) {
+    EXPECT_EQ(a.kind, ErrorKind::Timeout) << a.error;
+    EXPECT_EQ(a.blamed, 2) << a.error;
+    EXPECT_NE(a.error.find("rank(s) 2 never arrived"), std::string::npos) << a.error;
+    EXPECT_LT(a.took, 20s);
+    EXPECT_GE(a.took, 3s);
   }
 }
 
@@ -204,33 +222,16 @@ TEST(InProcess, MissingRankIsNamedAfterTheTimeout) {
 // names the rank that never came, as rank 0 does, not rank 0's departure.
 TEST(InProcess, PeerGivingUpOnAMissingRankIsNotBlamed) {
   HashStore store(20s);
-  std::array<std::string, 2> errors;
-  std::array<int, 2> blamed{-1, -1};
-  std::array<Clock::duration, 2> took{};
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      Config config = quickConfig({{"RDMACC_CONNECT_TIMEOUT", r == 0 ? "2s" : "15s"}});
-      auto start = Clock::now();
-      try {
-        Mesh mesh(store, r, 3, config, MeshOptions{.group = "gives-up"});
-        errors[static_cast<size_t>(r)] = "formed without rank 2";
-      } catch (const Error& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-        EXPECT_EQ(e.kind(), ErrorKind::Timeout) << e.what();
-        blamed[static_cast<size_t>(r)] = e.peerRank();
-      }
-      took[static_cast<size_t>(r)] = Clock::now() - start;
-    });
+  auto attempts = formWithoutRank2(store, "gives-up", [](int r) {
+    return quickConfig({{"RDMACC_CONNECT_TIMEOUT", r == 0 ? "2s" : "15s"}});
+  });
+  for (const Attempt& a : attempts) {
+    EXPECT_EQ(a.kind, ErrorKind::Timeout) << a.error;
+    EXPECT_NE(a.error.find("rank(s) 2 never arrived"), std::string::npos) << a.error;
+    EXPECT_EQ(a.blamed, 2);
   }
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank(s) 2 never arrived"), std::string::npos)
-        << errors[static_cast<size_t>(r)];
-    EXPECT_EQ(blamed[static_cast<size_t>(r)], 2);
-  }
-  EXPECT_NE(errors[1].find("rank 0 gave up"), std::string::npos) << errors[1];
-  EXPECT_LT(took[1], 10s) << "rank 1 waited for its own timeout";
+  EXPECT_NE(attempts[1].error.find("rank 0 gave up"), std::string::npos) << attempts[1].error;
+  EXPECT_LT(attempts[1].took, 10s) << "rank 1 waited for its own timeout";
 }
 
 TEST(InProcess, StrangerWithWrongTokenIsRejectedAndTheGroupStillForms) {
