@@ -28,6 +28,7 @@
 #include "src/registration_cache.hpp"
 #include "src/ring.hpp"
 #include "src/socket.hpp"
+#include "src/wire.hpp"
 #include "src/wr_id.hpp"
 #include "verbs/error.hpp"
 
@@ -36,7 +37,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t kMagic = 0x52434d47;  // "RCMG"
+using wire::describe;
+using wire::Header;
+using wire::kDirect;
+using wire::kHeaderBytes;
+using wire::MessageKind;
+
 constexpr auto kDepartureGrace = std::chrono::milliseconds(200);
 // A sleeping thread with pending work wakes at least this often (deadlines).
 constexpr auto kSleepSlice = std::chrono::microseconds(20000);
@@ -44,36 +50,6 @@ constexpr auto kSleepSlice = std::chrono::microseconds(20000);
 // this long: a caller waiting on operations back to back keeps driving them
 // alone, without the engine thread competing for the lock and the CPU.
 constexpr auto kDriverLinger = std::chrono::microseconds(1000);
-
-// Advert: the sender of a collective receive may write it straight into the
-// receiver's registered destination (addr/rkey/length in the header) instead
-// of its slots; each such chunk still comes with a header (flag kDirect).
-enum class MessageKind : uint8_t { Collective = 1, PointToPoint = 2, Abort = 3, Advert = 4 };
-constexpr uint16_t kDirect = 1;  // Header::flags: the payload is already at its destination
-
-// At the start of every slot. The receiver checks it against what it expects,
-// which catches ranks that call collectives in a different order or with
-// different sizes.
-struct Header {
-  uint32_t magic = kMagic;
-  MessageKind kind = MessageKind::Collective;
-  uint8_t opType = 0;
-  uint16_t flags = 0;
-  uint32_t sequence = 0;  // collective sequence number, or the p2p tag
-  uint32_t step = 0;      // collective step, or the p2p chunk index
-  uint32_t payload = 0;   // bytes after the header
-  uint32_t chunk = 0;     // collective: the message's index within its step's transfer
-  uint64_t check = 0;     // collective: the op's check value; p2p: message bytes
-  // Credits riding along: bit i hands the receiver its slot i in our region
-  // back, saving a credit message (slots 0..63; higher ones go explicitly).
-  uint64_t credits = 0;
-  // Advert: where the receive of (sequence, step) from this peer may be written.
-  uint64_t addr = 0;
-  uint32_t rkey = 0;
-  uint32_t length = 0;
-};
-static_assert(sizeof(Header) == 56);
-constexpr size_t kHeaderBytes = 64;  // payload stays 64-byte aligned
 
 struct Incoming {
   int slot = 0;
@@ -153,7 +129,12 @@ struct PeerState {
   std::vector<Incoming> inbox;        // arrived, not yet consumed (each holds a slot)
   std::vector<int> pendingCredits;    // consumed slots not yet handed back to the peer
   std::deque<Advert> adverts;         // the peer's direct-receive destinations, oldest first
+  wire::SlotLedger ledger;            // who owns which slot, both ways: checks every arrival
 };
+
+// Adverts a peer may have outstanding: one per receive of the collectives in
+// flight; a peer that sends more is broken (they would grow without bound).
+constexpr size_t kMaxAdvertsPerPeer = 4096;
 
 // Memory an operation touches, as address intervals (empty: lo == hi).
 struct Span {
@@ -226,19 +207,6 @@ struct Active {
     chunks = 0;
   }
 };
-
-std::string describe(const Header& h) {
-  if (h.kind == MessageKind::PointToPoint) {
-    return fmt::format("a send with tag {} ({} bytes)", h.sequence, h.check);
-  }
-  if (h.kind == MessageKind::Advert) {
-    return fmt::format("an advert for {} #{} step {} ({} bytes)",
-                       toString(static_cast<OpType>(h.opType)), h.sequence, h.step, h.length);
-  }
-  return fmt::format("{} #{} step {} (check {:#x}, {} bytes)",
-                     toString(static_cast<OpType>(h.opType)), h.sequence, h.step, h.check,
-                     h.payload);
-}
 
 }  // namespace
 
@@ -422,6 +390,7 @@ struct Engine::Impl {
           SlotWrite{std::move(registration), owner, data, header.payload};
     }
     p.freeRemote.pop_front();
+    p.ledger.written(remote);
     if (w.inlineData) {
       posted(lane, -1, w.signaled);
     } else {
@@ -464,6 +433,7 @@ struct Engine::Impl {
     for (auto it = p.pendingCredits.begin(); it != p.pendingCredits.end();) {
       if (*it < 64) {
         mask |= uint64_t{1} << *it;
+        p.ledger.handedBack(*it);
         it = p.pendingCredits.erase(it);
       } else {
         ++it;
@@ -477,10 +447,12 @@ struct Engine::Impl {
     Lane& lane = p.lanes[0];
     bool any = false;
     while (!p.pendingCredits.empty() && !sendQueueFull(lane)) {
+      const uint32_t imm = credits::take(p.pendingCredits);
+      credits::forEach(imm, [&](int slot) { p.ledger.handedBack(slot); });
       verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(peer), 0}),
                             .remoteAddr = p.remoteBase,
                             .rkey = p.rkey,
-                            .imm = credits::take(p.pendingCredits),
+                            .imm = imm,
                             .signaled = mustSignal(p, lane, false)};
       if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
         throw verbs::verbsError("ibv_post_send", rc,
@@ -517,7 +489,12 @@ struct Engine::Impl {
       PeerState& p = peers[static_cast<size_t>(peer)];
       switch (id.kind) {
         case WrKind::Recv:
-          onReceive(peer, id.qp, ntohl(wc.imm_data), wc.wr_id);
+          onReceive(peer, id.qp,
+                    wire::Completion{.rdmaWriteWithImm = wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM,
+                                     .withImm = (wc.wc_flags & IBV_WC_WITH_IMM) != 0,
+                                     .imm = ntohl(wc.imm_data),
+                                     .byteLen = wc.byte_len},
+                    wc.wr_id);
           break;
         default:
           writesCompleted(p, p.lanes[id.qp]);
@@ -544,40 +521,47 @@ struct Engine::Impl {
     }
   }
 
-  void onReceive(int peer, size_t laneIndex, uint32_t imm, uint64_t wrId) {
+  // A peer that breaks the protocol breaks the group: its message is never
+  // used, and the error names it and what it sent.
+  Error protocolViolation(int peer, const wire::Violation& v) const {
+    return Error(ErrorInfo{
+        .kind = ErrorKind::Protocol,
+        .message = fmt::format("rank {} sent {}", peer, v.what),
+        .peerRank = peer,
+        .peerAddress = mesh.peerAddress(peer),
+        .hint = "every rank must run the same rdmacc version with the same RDMACC_SLOTS_PER_PEER "
+                "and RDMACC_SLOT_BYTES; anything else is a bug or a stranger on the network"});
+  }
+
+  void onReceive(int peer, size_t laneIndex, const wire::Completion& completion, uint64_t wrId) {
     PeerState& p = peers[static_cast<size_t>(peer)];
     if (int rc = verbs::postEmptyRecvs(p.lanes[laneIndex].qp, wrId, 1); rc != 0) {
       throw verbs::verbsError("ibv_post_recv", rc,
                               fmt::format("reposting a receive for rank {}", peer));
     }
-    auto badSlot = [&](int slot) {
-      return Error(ErrorInfo{
-          .kind = ErrorKind::Protocol,
-          .message = fmt::format("rank {} used slot {} of {}", peer, slot, options.slotsPerPeer),
-          .peerRank = peer,
-          .hint = "every rank must use the same RDMACC_SLOTS_PER_PEER"});
-    };
-    if (credits::isCredit(imm)) {
-      credits::forEach(imm, [&](int slot) {
-        if (slot >= options.slotsPerPeer) throw badSlot(slot);
+    const wire::Limits limits{.slotsPerPeer = options.slotsPerPeer, .slotBytes = options.slotBytes};
+    wire::Arrival arrival;
+    if (auto bad = wire::checkCompletion(completion, limits, p.ledger, arrival)) {
+      throw protocolViolation(peer, *bad);
+    }
+    if (arrival.credit) {
+      credits::forEach(completion.imm, [&](int slot) {
+        p.ledger.credited(slot);
         p.freeRemote.push_back(slot);
       });
       return;
     }
-    const int slot = static_cast<int>(imm & 0xffffu);
-    if (slot >= options.slotsPerPeer) throw badSlot(slot);
+    const int slot = arrival.slot;
     Incoming in{slot, {}, arrivals++};
     std::memcpy(&in.header, recvSlot(peer, slot), sizeof in.header);
-    if (in.header.magic != kMagic || in.header.payload > chunk ||
-        (options.slotsPerPeer < 64 && (in.header.credits >> options.slotsPerPeer) != 0)) {
-      throw Error(ErrorInfo{
-          .kind = ErrorKind::Protocol,
-          .message = fmt::format("rank {} wrote a malformed message header", peer),
-          .peerRank = peer,
-          .hint = "every rank must run the same rdmacc version with the same RDMACC_SLOT_BYTES"});
+    if (auto bad = wire::checkHeader(in.header, completion.byteLen, limits, p.ledger)) {
+      throw protocolViolation(peer, wire::Violation{fmt::format("{} (slot {})", bad->what, slot)});
     }
+    p.ledger.arrived(slot);
     for (uint64_t m = in.header.credits; m != 0; m &= m - 1) {
-      p.freeRemote.push_back(std::countr_zero(m));
+      const int credited = std::countr_zero(m);
+      p.ledger.credited(credited);
+      p.freeRemote.push_back(credited);
     }
     if (in.header.kind == MessageKind::Advert) {
       const Header& h = in.header;
@@ -585,6 +569,11 @@ struct Engine::Impl {
       // One for an operation this rank finished (it sent everything through
       // the slots first) is of no use any more.
       if (lastFinished && static_cast<int32_t>(h.sequence - *lastFinished) <= 0) return;
+      if (p.adverts.size() >= kMaxAdvertsPerPeer) {
+        throw protocolViolation(
+            peer, wire::Violation{fmt::format("more than {} adverts not yet used ({})",
+                                              kMaxAdvertsPerPeer, describe(h))});
+      }
       p.adverts.push_back(Advert{.sequence = h.sequence,
                                  .step = h.step,
                                  .opType = h.opType,
@@ -993,6 +982,9 @@ struct Engine::Impl {
             .peerRank = from,
             .hint =
                 "the tensors of a send and its matching recv must have the same size and dtype"});
+      }
+      if (auto bad = wire::checkPointToPointChunk(found->header, op.bytes, a.done, chunk)) {
+        throw protocolViolation(from, *bad);
       }
       size_t payload = found->header.payload;
       if (payload > 0)
@@ -1531,6 +1523,7 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
       p.freeStaging.push_back(slots - 1 - i);
     }
     p.slotWrites.resize(static_cast<size_t>(slots));
+    p.ledger = wire::SlotLedger(slots);
     // Bounded by the slots: reserved once, never allocated per message.
     p.inbox.reserve(static_cast<size_t>(slots));
     p.pendingCredits.reserve(static_cast<size_t>(slots));

@@ -152,7 +152,7 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   FileLock flock(state_->fd.get(), LOCK_EX, state_->path);
   state_->refresh();
   auto it = state_->data.find(key);
-  int64_t v = (it == state_->data.end() ? 0 : counterValue(it->second, key)) + delta;
+  int64_t v = counterAdd(it == state_->data.end() ? nullptr : &it->second, delta, key);
   Bytes text = toBytes(std::to_string(v));
   state_->append(key, &text);
   return v;

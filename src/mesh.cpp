@@ -10,6 +10,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "src/handshake.hpp"
+#include "src/store_util.hpp"
 #include "src/wr_id.hpp"
 #include "verbs/device.hpp"
 #include "verbs/error.hpp"
@@ -133,7 +134,12 @@ struct Mesh::Setup {
         throw Error(ErrorKind::Protocol,
                     fmt::format("rank {} published a malformed address '{}'", peer, text));
       }
-      a.emplace(text.substr(0, colon), static_cast<uint16_t>(std::stoi(text.substr(colon + 1))));
+      auto port = static_cast<uint16_t>(storeNumber(toBytes(text.substr(colon + 1)), 65535, key));
+      if (port == 0) {
+        throw Error(ErrorKind::Protocol,
+                    fmt::format("rank {} published the address '{}' with port 0", peer, text));
+      }
+      a.emplace(text.substr(0, colon), port);
       mesh.peerAddresses_[static_cast<size_t>(peer)] = text;
       for (int q = 0; q < mesh.qpsPerPeer_; ++q) startActive(peer, q);
     }
@@ -469,7 +475,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
       token = randomToken();
       groupStore.set("token", toBytes(std::to_string(token)));
     } else {
-      token = std::stoull(toString(groupStore.get("token")));
+      token = storeNumber(groupStore.get("token"), UINT64_MAX, "token");
     }
     groupStore.set(fmt::format("addr/{}", rank),
                    toBytes(fmt::format("{}:{}", endpoint_.ipv4, port)));

@@ -1,4 +1,5 @@
 // HashStore, PrefixStore and helpers shared by every store.
+#include <charconv>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -53,6 +54,30 @@ int64_t counterValue(const Bytes& value, const std::string& key) {
   return v;
 }
 
+int64_t counterAdd(const Bytes* current, int64_t delta, const std::string& key) {
+  const int64_t v = current == nullptr ? 0 : counterValue(*current, key);
+  int64_t sum = 0;
+  if (__builtin_add_overflow(v, delta, &sum)) {
+    throw Error(ErrorKind::Store,
+                fmt::format("store add({}) on key '{}' holding {} overflows a 64-bit counter",
+                            delta, key, v));
+  }
+  return sum;
+}
+
+uint64_t storeNumber(const Bytes& value, uint64_t max, const std::string& key) {
+  const std::string text = toString(value);
+  uint64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v > max) {
+    throw Error(ErrorKind::Protocol,
+                fmt::format("the store's key '{}' holds '{}', not a number up to {}", key,
+                            text.size() > 64 ? text.substr(0, 64) + "..." : text, max),
+                "every rank must run the same rdmacc version; is another job using this store?");
+  }
+  return v;
+}
+
 // Threading: one mutex guards the map; waiters sleep on the condition variable.
 struct HashStore::State {
   std::mutex mutex;
@@ -83,7 +108,7 @@ int64_t HashStore::add(const std::string& key, int64_t delta) {
   {
     std::lock_guard lock(state_->mutex);
     auto it = state_->data.find(key);
-    v = (it == state_->data.end() ? 0 : counterValue(it->second, key)) + delta;
+    v = counterAdd(it == state_->data.end() ? nullptr : &it->second, delta, key);
     state_->data[key] = toBytes(std::to_string(v));
   }
   state_->changed.notify_all();

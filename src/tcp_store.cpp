@@ -65,16 +65,13 @@ struct TCPStoreServer::State {
       case sp::Command::Add: {
         auto it = data.find(req.keys[0]);
         int64_t v = 0;
-        if (it != data.end()) {
-          try {
-            v = counterValue(it->second, req.keys[0]);
-          } catch (const Error&) {
-            resp.status = sp::Status::Error;
-            resp.error = fmt::format("key '{}' does not hold an integer", req.keys[0]);
-            break;
-          }
+        try {
+          v = counterAdd(it == data.end() ? nullptr : &it->second, req.delta, req.keys[0]);
+        } catch (const Error& e) {
+          resp.status = sp::Status::Error;
+          resp.error = e.info().message;
+          break;
         }
-        v += req.delta;
         std::string text = std::to_string(v);
         data[req.keys[0]] = Bytes(text.begin(), text.end());
         sp::putI64(resp.value, v);

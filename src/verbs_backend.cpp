@@ -15,10 +15,12 @@
 #include "rdmacc/log.hpp"
 #include "rdmacc/tuning.hpp"
 #include "src/algorithms/algorithms.hpp"
+#include "src/arguments.hpp"
 #include "src/engine.hpp"
 #include "src/mesh.hpp"
 #include "src/reduce.hpp"
 #include "src/registration_cache.hpp"
+#include "src/store_util.hpp"
 #include "verbs/qp.hpp"
 
 namespace rdmacc {
@@ -62,15 +64,6 @@ std::pair<std::chrono::microseconds, std::chrono::microseconds> spinTimes(
 
 constexpr int kLinearAlltoallMaxRanks = 8;          // Auto alltoall: every pair at once up to here
 constexpr uint32_t kInternalTagBase = 0x80000000u;  // user tags are non-negative ints
-
-[[noreturn]] void invalid(std::string message, std::string hint = {}) {
-  throw Error(ErrorKind::InvalidArgument, std::move(message), std::move(hint));
-}
-
-void checkTensor(const Tensor& t, const char* op, const char* what) {
-  if (t.data == nullptr && t.numel > 0)
-    invalid(fmt::format("{}: {} has {} elements but no data", op, what, t.numel));
-}
 
 Tensor& single(std::vector<Tensor>& tensors, const char* op) {
   if (tensors.size() != 1) {
@@ -782,35 +775,8 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
   checkTensor(input, "alltoall_base", "the input");
   checkTensor(output, "alltoall_base", "the output");
   if (input.dtype != output.dtype) invalid("alltoall_base: input and output dtypes differ");
-  auto splits = [&](std::vector<int64_t>& given, const Tensor& t, const char* what) {
-    std::vector<size_t> counts;
-    if (given.empty()) {
-      if (t.numel % static_cast<size_t>(size_) != 0) {
-        invalid(fmt::format("alltoall_base: the {} has {} elements, not divisible by {} ranks",
-                            what, t.numel, size_),
-                "pass split sizes");
-      }
-      counts.assign(static_cast<size_t>(size_), t.numel / static_cast<size_t>(size_));
-      return counts;
-    }
-    if (given.size() != static_cast<size_t>(size_)) {
-      invalid(fmt::format("alltoall_base: {} split sizes for {} ranks", given.size(), size_));
-    }
-    size_t sum = 0;
-    for (int64_t c : given) {
-      if (c < 0) invalid("alltoall_base: a split size is negative");
-      counts.push_back(static_cast<size_t>(c));
-      sum += static_cast<size_t>(c);
-    }
-    if (sum != t.numel) {
-      invalid(fmt::format(
-          "alltoall_base: the {} split sizes add up to {}, but the tensor has {} elements", what,
-          sum, t.numel));
-    }
-    return counts;
-  };
-  auto inCounts = splits(inputSplits, input, "input");
-  auto outCounts = splits(outputSplits, output, "output");
+  auto inCounts = splitCounts(inputSplits, input.numel, size_, "input");
+  auto outCounts = splitCounts(outputSplits, output.numel, size_, "output");
   if (inCounts[static_cast<size_t>(rank_)] != outCounts[static_cast<size_t>(rank_)]) {
     invalid(
         "alltoall_base: what this rank sends to itself must equal what it receives from itself");
@@ -1015,7 +981,7 @@ void VerbsBackend::setSequenceNumberForGroup() {
   if (rank_ == 0) {
     group.set("sequence", toBytes(std::to_string(s.sequence)));
   } else {
-    s.sequence = std::stoull(toString(group.get("sequence")));
+    s.sequence = storeNumber(group.get("sequence"), UINT64_MAX, "sequence");
   }
 }
 

@@ -10,6 +10,7 @@
 #include "rdmacc/error.hpp"
 #include "src/buffer.hpp"
 #include "src/mesh.hpp"
+#include "src/store_util.hpp"
 #include "src/wr_id.hpp"
 #include "verbs/error.hpp"
 
@@ -171,8 +172,14 @@ WriteBench::WriteBench(std::shared_ptr<Store> store, int rank, int size, const C
                                 s.targetMr->rkey)));
   std::string peerMr = toString(group.get(fmt::format("mr/{}", s.peer)));
   auto colon = peerMr.find(':');
-  s.peerAddr = std::stoull(peerMr.substr(0, colon));
-  s.peerRkey = static_cast<uint32_t>(std::stoul(peerMr.substr(colon + 1)));
+  const std::string key = fmt::format("mr/{}", s.peer);
+  if (colon == std::string::npos) {
+    throw Error(ErrorKind::Protocol,
+                fmt::format("rank {} published '{}' as {}", s.peer, peerMr, key));
+  }
+  s.peerAddr = storeNumber(toBytes(peerMr.substr(0, colon)), UINT64_MAX, key);
+  s.peerRkey =
+      static_cast<uint32_t>(storeNumber(toBytes(peerMr.substr(colon + 1)), UINT32_MAX, key));
 }
 
 WriteBench::~WriteBench() = default;

@@ -15,6 +15,7 @@
 #include "rdmacc/store.hpp"
 #include "src/socket.hpp"
 #include "src/store_protocol.hpp"
+#include "src/store_util.hpp"
 
 namespace rdmacc {
 namespace {
@@ -145,6 +146,21 @@ TEST_P(StoreTest, WaitTimesOutNamingTheMissingKeys) {
   EXPECT_EQ(toString(store->get("after")), "ok");
 }
 
+TEST_P(StoreTest, AddThatWouldOverflowIsAnErrorAndLeavesTheCounter) {
+  auto [store, other] = GetParam().make();
+  EXPECT_EQ(store->add("counter", INT64_MAX), INT64_MAX);
+  try {
+    other()->add("counter", 1);
+    FAIL() << "add(INT64_MAX) + add(1) did not overflow";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("overflows a 64-bit counter"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(store->add("counter", 0), INT64_MAX);
+  EXPECT_EQ(store->add("counter", INT64_MIN), -1);
+  EXPECT_THROW(store->add("counter", INT64_MIN), Error);
+}
+
 TEST_P(StoreTest, PrefixStoreSeparatesGroups) {
   auto [store, other] = GetParam().make();
   PrefixStore a("group-a", store), b("group-b", store);
@@ -251,6 +267,20 @@ TEST(TCPStoreServer, ClientVanishingWhileBlockedIsHarmless) {
   TCPStore client("127.0.0.1", server.port(), TCPStoreOptions{.timeout = 2s});
   client.set("never", toBytes("now"));
   EXPECT_EQ(toString(client.get("never")), "now");
+}
+
+TEST(StoreNumber, OnlyDigitsWithinTheRangeAreAccepted) {
+  EXPECT_EQ(storeNumber(toBytes("4791"), 65535, "addr/1"), 4791u);
+  EXPECT_EQ(storeNumber(toBytes("18446744073709551615"), UINT64_MAX, "token"), UINT64_MAX);
+  for (const char* bad : {"", "-1", "65536", "12ab", " 1", "1 ", "0x10", "99999999999999999999"}) {
+    try {
+      storeNumber(toBytes(bad), 65535, "addr/1");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Protocol);
+      EXPECT_NE(std::string(e.what()).find("key 'addr/1' holds"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(StoreProtocol, RandomBytesNeverCrashTheDecoder) {
