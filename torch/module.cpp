@@ -12,23 +12,26 @@ PYBIND11_MODULE(_C, m) {
   py::module_::import("torch.distributed");
   m.doc() = "rdmacc: collective communication over RDMA verbs, as a torch.distributed backend";
 
-  py::class_<rdmacc_torch::ProcessGroupRdmacc, c10d::ProcessGroup,
-             c10::intrusive_ptr<rdmacc_torch::ProcessGroupRdmacc>>(m, "ProcessGroupRdmacc")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int worldSize,
-                       std::chrono::duration<float> timeout) {
-             return c10::make_intrusive<rdmacc_torch::ProcessGroupRdmacc>(
-                 store, rank, worldSize,
-                 std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
-           }),
-           py::arg("store"), py::arg("rank"), py::arg("world_size"),
-           py::arg("timeout") = std::chrono::duration<float>(1800.0f),
-           py::call_guard<py::gil_scoped_release>())
-      .def("register_memory", &rdmacc_torch::ProcessGroupRdmacc::registerTensor, py::arg("tensor"),
+  // c10d::Backend on torch >= 2.0, c10d::ProcessGroup on 1.13.
+  auto cls = py::class_<rdmacc_torch::BackendRdmacc, rdmacc_torch::BackendBase,
+                        c10::intrusive_ptr<rdmacc_torch::BackendRdmacc>>(m, "BackendRdmacc");
+  cls.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int worldSize,
+                      std::chrono::duration<float> timeout) {
+            return c10::make_intrusive<rdmacc_torch::BackendRdmacc>(
+                store, rank, worldSize,
+                std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+          }),
+          py::arg("store"), py::arg("rank"), py::arg("world_size"),
+          py::arg("timeout") = std::chrono::duration<float>(1800.0f),
+          py::call_guard<py::gil_scoped_release>())
+      .def("register_memory", &rdmacc_torch::BackendRdmacc::registerTensor, py::arg("tensor"),
            py::call_guard<py::gil_scoped_release>(),
            "Registers the tensor's memory with the device: messages sent from it skip the "
            "staging copy (zero-copy). Deregister before its storage is freed.")
-      .def("deregister_memory", &rdmacc_torch::ProcessGroupRdmacc::deregisterTensor,
-           py::arg("tensor"), py::call_guard<py::gil_scoped_release>());
+      .def("deregister_memory", &rdmacc_torch::BackendRdmacc::deregisterTensor, py::arg("tensor"),
+           py::call_guard<py::gil_scoped_release>());
+  m.attr("ProcessGroupRdmacc") = cls;  // the 1.13 line's name
+  m.attr("BACKEND_API") = py::bool_(RDMACC_TORCH_BACKEND_API != 0);
 
   // Forming the group waits for every rank: let other Python threads run.
   m.def(

@@ -1,7 +1,9 @@
 #include "process_group.hpp"
 
+// No fmt here: pip's torch ships its own (newer) fmt headers, which would
+// shadow the system's that librdmacc is built with.
+
 #include <ATen/core/ivalue.h>
-#include <fmt/format.h>
 
 #include <exception>
 #include <utility>
@@ -61,7 +63,7 @@ class StoreAdapter final : public rdmacc::Store {
     bool timedOut = why.find("imeout") != std::string::npos;
     throw rdmacc::Error(
         timedOut ? rdmacc::ErrorKind::Timeout : rdmacc::ErrorKind::Store,
-        fmt::format("torch.distributed store: {} '{}' failed: {}", what, key, why),
+        c10::str("torch.distributed store: ", what, " '", key, "' failed: ", why),
         timedOut ? "a rank did not arrive in time: start every rank, or raise the timeout"
                  : "the store lives in rank 0 (MASTER_ADDR:MASTER_PORT); check that it is alive");
   }
@@ -111,6 +113,16 @@ class WorkRdmacc final : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
+
+// PREMUL_SUM's tensor factor, if any: a list up to torch 2.0, one tensor since.
+template <typename Supplement>
+at::Tensor factorTensor(const Supplement& s) {
+  if constexpr (requires { s.tensor_factor; }) {
+    return s.tensor_factor;
+  } else {
+    return s.tensor_factors.empty() ? at::Tensor() : s.tensor_factors.front();
+  }
+}
 
 // The view rdmacc works on; rejects what rdmacc cannot move in place.
 rdmacc::Tensor view(const at::Tensor& t, const char* op) {
@@ -229,10 +241,12 @@ rdmacc::ReduceOp toReduceOp(const c10d::ReduceOp& op, double* factor) {
       TORCH_CHECK(supplement != nullptr,
                   "rdmacc: PREMUL_SUM without a factor; build it with "
                   "torch.distributed._make_nccl_premul_sum(factor)");
-      if (supplement->tensor_factors.empty()) {
+      // A double, or a one-element tensor: tensor_factors (a list) up to
+      // torch 2.0, tensor_factor since 2.1.
+      at::Tensor f = factorTensor(*supplement);
+      if (!f.defined()) {
         *factor = supplement->double_factor;
       } else {
-        const auto& f = supplement->tensor_factors.front();
         TORCH_CHECK(f.numel() == 1, "rdmacc: a PREMUL_SUM factor tensor must hold one element");
         *factor = f.to(at::kCPU).item<double>();
       }
@@ -243,10 +257,9 @@ rdmacc::ReduceOp toReduceOp(const c10d::ReduceOp& op, double* factor) {
   }
 }
 
-ProcessGroupRdmacc::ProcessGroupRdmacc(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                       int size, std::chrono::milliseconds timeout,
-                                       std::string groupName)
-    : c10d::ProcessGroup(rank, size) {
+BackendRdmacc::BackendRdmacc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                             std::chrono::milliseconds timeout, std::string groupName)
+    : BackendBase(rank, size) {
   TORCH_CHECK(store, "rdmacc: no store given");
   rdmacc::VerbsBackend::Options options;
   options.timeout = timeout;
@@ -256,34 +269,34 @@ ProcessGroupRdmacc::ProcessGroupRdmacc(const c10::intrusive_ptr<c10d::Store>& st
   init();
 }
 
-ProcessGroupRdmacc::~ProcessGroupRdmacc() = default;
+BackendRdmacc::~BackendRdmacc() = default;
 
-c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupRdmacc::create(
+c10::intrusive_ptr<BackendBase> BackendRdmacc::create(
     const c10d::DistributedBackendOptions& options) {
   // torch numbers its groups: the default one is "0", new_group()s "1", "2", ...
   std::string name = "torch-" + options.group_id;
-  return c10::make_intrusive<ProcessGroupRdmacc>(
+  return c10::make_intrusive<BackendRdmacc>(
       options.store, options.group_rank, options.group_size,
       std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout), std::move(name));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::broadcast(std::vector<at::Tensor>& tensors,
-                                                             const c10d::BroadcastOptions& opts) {
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::broadcast(std::vector<at::Tensor>& tensors,
+                                                        const c10d::BroadcastOptions& opts) {
   auto in = views(tensors, "broadcast");
   rdmacc::BroadcastOptions o{
       .rootRank = opts.rootRank, .rootTensor = opts.rootTensor, .timeout = opts.timeout};
   return wrap(backend_->broadcast(in, o), rank_, OpType::BROADCAST, tensors);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allreduce(std::vector<at::Tensor>& tensors,
-                                                             const c10d::AllreduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::allreduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::AllreduceOptions& opts) {
   auto in = views(tensors, "allreduce");
   rdmacc::AllreduceOptions o{.timeout = opts.timeout};
   o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
   return wrap(backend_->allreduce(in, o), rank_, OpType::ALLREDUCE, tensors);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allreduce_coalesced(
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   auto in = views(tensors, "allreduce_coalesced");
   rdmacc::AllreduceCoalescedOptions o;
@@ -292,8 +305,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allreduce_coalesced(
   return wrap(backend_->allreduce_coalesced(in, o), rank_, OpType::ALLREDUCE_COALESCED, tensors);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::reduce(std::vector<at::Tensor>& tensors,
-                                                          const c10d::ReduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::reduce(std::vector<at::Tensor>& tensors,
+                                                     const c10d::ReduceOptions& opts) {
   auto in = views(tensors, "reduce");
   rdmacc::ReduceOptions o{
       .rootRank = opts.rootRank, .rootTensor = opts.rootTensor, .timeout = opts.timeout};
@@ -301,7 +314,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::reduce(std::vector<at::Tensor
   return wrap(backend_->reduce(in, o), rank_, OpType::REDUCE, tensors);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allgather(
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::allgather(
     std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
     const c10d::AllgatherOptions& opts) {
   auto out = views(outputTensors, "allgather");
@@ -310,15 +323,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allgather(
   return wrap(std::move(w), rank_, OpType::ALLGATHER, flatten(outputTensors), inputTensors);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::_allgather_base(
-    at::Tensor& outputBuffer, at::Tensor& inputBuffer, const c10d::AllgatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::_allgather_base(at::Tensor& outputBuffer,
+                                                              at::Tensor& inputBuffer,
+                                                              const c10d::AllgatherOptions& opts) {
   auto out = view(outputBuffer, "_allgather_base");
   auto in = view(inputBuffer, "_allgather_base");
   auto w = backend_->_allgather_base(out, in, rdmacc::AllgatherOptions{.timeout = opts.timeout});
   return wrap(std::move(w), rank_, OpType::_ALLGATHER_BASE, {outputBuffer}, {inputBuffer});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allgather_coalesced(
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputTensorLists, std::vector<at::Tensor>& inputTensors,
     const c10d::AllgatherOptions& opts) {
   auto out = views(outputTensorLists, "allgather_coalesced");
@@ -329,7 +343,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::allgather_coalesced(
               inputTensors);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::gather(
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::gather(
     std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
     const c10d::GatherOptions& opts) {
   auto out = views(outputTensors, "gather");
@@ -339,7 +353,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::gather(
   return wrap(std::move(w), rank_, OpType::GATHER, flatten(outputTensors), inputTensors);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::scatter(
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::scatter(
     std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
     const c10d::ScatterOptions& opts) {
   auto out = views(outputTensors, "scatter");
@@ -349,7 +363,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::scatter(
   return wrap(std::move(w), rank_, OpType::SCATTER, outputTensors, flatten(inputTensors));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::reduce_scatter(
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::reduce_scatter(
     std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
     const c10d::ReduceScatterOptions& opts) {
   auto out = views(outputTensors, "reduce_scatter");
@@ -360,7 +374,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::reduce_scatter(
               flatten(inputTensors));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::_reduce_scatter_base(
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::_reduce_scatter_base(
     at::Tensor& outputBuffer, at::Tensor& inputBuffer, const c10d::ReduceScatterOptions& opts) {
   auto out = view(outputBuffer, "_reduce_scatter_base");
   auto in = view(inputBuffer, "_reduce_scatter_base");
@@ -370,9 +384,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::_reduce_scatter_base(
               {outputBuffer}, {inputBuffer});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::alltoall_base(
-    at::Tensor& outputBuffer, at::Tensor& inputBuffer, std::vector<int64_t>& outputSplitSizes,
-    std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::alltoall_base(at::Tensor& outputBuffer,
+                                                            at::Tensor& inputBuffer,
+                                                            std::vector<int64_t>& outputSplitSizes,
+                                                            std::vector<int64_t>& inputSplitSizes,
+                                                            const c10d::AllToAllOptions& opts) {
   auto out = view(outputBuffer, "alltoall_base");
   auto in = view(inputBuffer, "alltoall_base");
   auto outSplits = splitElements(outputSplitSizes, outputBuffer, size_, "output");
@@ -382,56 +398,56 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::alltoall_base(
   return wrap(std::move(w), rank_, OpType::ALLTOALL_BASE, {outputBuffer}, {inputBuffer});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::alltoall(std::vector<at::Tensor>& outputTensors,
-                                                            std::vector<at::Tensor>& inputTensors,
-                                                            const c10d::AllToAllOptions& opts) {
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::alltoall(std::vector<at::Tensor>& outputTensors,
+                                                       std::vector<at::Tensor>& inputTensors,
+                                                       const c10d::AllToAllOptions& opts) {
   auto out = views(outputTensors, "alltoall");
   auto in = views(inputTensors, "alltoall");
   auto w = backend_->alltoall(out, in, rdmacc::AllToAllOptions{.timeout = opts.timeout});
   return wrap(std::move(w), rank_, OpType::ALLTOALL, outputTensors, inputTensors);
 }
 
-void ProcessGroupRdmacc::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+void BackendRdmacc::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
   backend_->monitoredBarrier(rdmacc::BarrierOptions{.timeout = opts.timeout}, waitAllRanks);
 }
 
-void ProcessGroupRdmacc::setSequenceNumberForGroup() {
+void BackendRdmacc::setSequenceNumberForGroup() {
   backend_->setSequenceNumberForGroup();
 }
 
-void ProcessGroupRdmacc::registerTensor(const at::Tensor& tensor) {
+void BackendRdmacc::registerTensor(const at::Tensor& tensor) {
   rdmacc::Tensor t = view(tensor, "register_memory");
   backend_->registerMemory(t.data, t.bytes());
 }
 
-void ProcessGroupRdmacc::deregisterTensor(const at::Tensor& tensor) {
+void BackendRdmacc::deregisterTensor(const at::Tensor& tensor) {
   rdmacc::Tensor t = view(tensor, "deregister_memory");
   backend_->deregisterMemory(t.data);
 }
 
-uint64_t ProcessGroupRdmacc::getSequenceNumberForGroup() {
+uint64_t BackendRdmacc::getSequenceNumberForGroup() {
   return backend_->getSequenceNumberForGroup();
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::send(std::vector<at::Tensor>& tensors,
-                                                        int dstRank, int tag) {
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::send(std::vector<at::Tensor>& tensors, int dstRank,
+                                                   int tag) {
   auto in = views(tensors, "send");
   return wrap(backend_->send(in, dstRank, tag), rank_, OpType::SEND, {}, tensors);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::recv(std::vector<at::Tensor>& tensors,
-                                                        int srcRank, int tag) {
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                                   int tag) {
   auto out = views(tensors, "recv");
   return wrap(backend_->recv(out, srcRank, tag), rank_, OpType::RECV, tensors);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::recvAnysource(std::vector<at::Tensor>& tensors,
-                                                                 int tag) {
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                            int tag) {
   auto out = views(tensors, "recvAnysource");
   return wrap(backend_->recvAnysource(out, tag), rank_, OpType::RECVANYSOURCE, tensors);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupRdmacc::barrier(const c10d::BarrierOptions& opts) {
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::barrier(const c10d::BarrierOptions& opts) {
   return wrap(backend_->barrier(rdmacc::BarrierOptions{.timeout = opts.timeout}), rank_,
               OpType::BARRIER, {});
 }

@@ -1,7 +1,9 @@
-// ProcessGroupRdmacc: rdmacc's VerbsBackend as a torch.distributed process
-// group (PyTorch 1.13, where c10d::ProcessGroup is the plug-in point), plus
+// BackendRdmacc: rdmacc's VerbsBackend as a torch.distributed backend, plus
 // the pieces it needs: a c10d::Store seen as an rdmacc::Store, at::Tensor
-// seen as rdmacc::Tensor, and a c10d::Work over an rdmacc::Work.
+// seen as rdmacc::Tensor, and a c10d::Work over an rdmacc::Work. One class for
+// both plug-in points: c10d::Backend on PyTorch >= 2.0 (ProcessGroup
+// dispatches to it by device), c10d::ProcessGroup on 1.13 (Debian 12's torch);
+// the build defines RDMACC_TORCH_BACKEND_API from Torch_VERSION.
 #pragma once
 
 #include <chrono>
@@ -9,30 +11,39 @@
 #include <string>
 #include <vector>
 
+#if RDMACC_TORCH_BACKEND_API
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "rdmacc/backend.hpp"
 
 namespace rdmacc_torch {
 
+#if RDMACC_TORCH_BACKEND_API
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
+#endif
+
 // Threading: as c10d's ProcessGroup; calls may come from any thread, the
 // caller orders collectives. Work completes on rdmacc's progress thread or on
 // a thread blocked in wait(), which runs the future's callbacks holding only
 // the progress lock (they may issue collectives, not wait for them).
-class ProcessGroupRdmacc final : public c10d::ProcessGroup {
+class BackendRdmacc final : public BackendBase {
  public:
   // Forms the group through the store (rdma_cm mesh) or throws naming what
   // failed. timeout is the default for every operation (c10d's pg timeout).
   // groupName appears in rdmacc's log and error messages.
-  ProcessGroupRdmacc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                     std::chrono::milliseconds timeout, std::string groupName = "default");
-  ~ProcessGroupRdmacc() override;
+  BackendRdmacc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                std::chrono::milliseconds timeout, std::string groupName = "default");
+  ~BackendRdmacc() override;
 
   // What torch.distributed.Backend.register_backend(..., extended_api=True)
   // calls: the group's store, rank, size, timeout and name.
-  static c10::intrusive_ptr<c10d::ProcessGroup> create(
-      const c10d::DistributedBackendOptions& options);
+  static c10::intrusive_ptr<BackendBase> create(const c10d::DistributedBackendOptions& options);
 
   const std::string getBackendName() const override { return "rdmacc"; }
 
@@ -89,6 +100,9 @@ class ProcessGroupRdmacc final : public c10d::ProcessGroup {
  private:
   std::shared_ptr<rdmacc::VerbsBackend> backend_;
 };
+
+// The name of the 1.13 line (a process group there).
+using ProcessGroupRdmacc = BackendRdmacc;
 
 // at::ScalarType -> rdmacc::DataType; throws c10::Error listing the supported
 // types for anything else.

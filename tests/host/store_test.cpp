@@ -258,6 +258,49 @@ TEST(TCPStoreServer, MalformedFramesDropOnlyThatClient) {
   EXPECT_EQ(toString(good.get("still")), "serving");
 }
 
+size_t residentBytes() {
+  long pages = 0, resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+  std::fclose(f);
+  return static_cast<size_t>(resident) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// 400 pipelined Gets of a 4 MiB value from a client that never reads: the
+// replies used to pile up in the server (1.6 GiB; std::bad_alloc escaped the
+// server thread and terminated rank 0). Now the server stops reading that
+// client while its replies wait, and serves everyone else meanwhile.
+TEST(TCPStoreServer, AClientThatNeverReadsRepliesCannotExhaustTheServer) {
+  TCPStoreServer server("127.0.0.1", 0);
+  TCPStore good("127.0.0.1", server.port(), TCPStoreOptions{.timeout = 5s});
+  good.set("big", Bytes(4u << 20, 7));
+  const size_t before = residentBytes();
+  int errnum = 0;
+  std::string detail;
+  net::Fd greedy = net::tryConnectTcp("127.0.0.1", server.port(), errnum, detail);
+  ASSERT_TRUE(greedy) << detail;
+  auto get = sp::encode(sp::Request{.command = sp::Command::Get, .keys = {"big"}});
+  std::vector<uint8_t> pipelined;
+  for (int i = 0; i < 400; ++i) pipelined.insert(pipelined.end(), get.begin(), get.end());
+  net::setNonBlocking(greedy.get());
+  size_t sent = 0;
+  for (int tries = 0; tries < 200 && sent < pipelined.size(); ++tries) {
+    ssize_t n =
+        ::send(greedy.get(), pipelined.data() + sent, pipelined.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) sent += static_cast<size_t>(n);
+    std::this_thread::sleep_for(5ms);
+  }
+  // The good client is served throughout.
+  for (int i = 0; i < 20; ++i) {
+    good.set("tick", toBytes(std::to_string(i)));
+    EXPECT_EQ(toString(good.get("tick")), std::to_string(i));
+  }
+  EXPECT_EQ(good.get("big").size(), 4u << 20);
+  const size_t grown = residentBytes() - std::min(before, residentBytes());
+  EXPECT_LT(grown, size_t{256} << 20) << "the server buffered " << (grown >> 20) << " MiB";
+}
+
 TEST(TCPStoreServer, ClientVanishingWhileBlockedIsHarmless) {
   TCPStoreServer server("127.0.0.1", 0);
   {

@@ -15,7 +15,15 @@ import rdmacc_torch
 assert "RDMACC" in dist.Backend._plugins, dist.Backend._plugins
 assert dist.Backend("rdmacc") == "rdmacc"
 importlib.reload(rdmacc_torch)  # must not assert "already exist"
-assert issubclass(rdmacc_torch.ProcessGroupRdmacc, dist.ProcessGroup)
+# torch >= 2.0: a c10d::Backend (ProcessGroup dispatches to it for "cpu");
+# 1.13: a c10d::ProcessGroup.
+if rdmacc_torch.BACKEND_API:
+    from torch._C._distributed_c10d import Backend as _CBackend
+    assert issubclass(rdmacc_torch.BackendRdmacc, _CBackend)
+    assert dist.Backend.backend_capability["rdmacc"] == ["cpu"], dist.Backend.backend_capability
+else:
+    assert issubclass(rdmacc_torch.ProcessGroupRdmacc, dist.ProcessGroup)
+assert rdmacc_torch.ProcessGroupRdmacc is rdmacc_torch.BackendRdmacc
 
 with socket.socket() as s:  # a free port for torch's TCPStore
     s.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""rdmacc as a torch.distributed backend.
+"""rdmacc as a torch.distributed backend (PyTorch >= 2.0, and Debian's 1.13).
 
     import torch.distributed as dist
     import rdmacc_torch  # registers the backend "rdmacc"
@@ -12,13 +12,35 @@ variables (see docs/configuration.md and docs/pytorch.md).
 
 import torch.distributed as _dist
 
-from ._C import ProcessGroupRdmacc, create_process_group
+from ._C import BACKEND_API, BackendRdmacc, ProcessGroupRdmacc, create_process_group
 
-__all__ = ["ProcessGroupRdmacc", "create_process_group", "BACKEND"]
+__all__ = ["BackendRdmacc", "ProcessGroupRdmacc", "backend_of", "create_process_group", "BACKEND"]
 
 BACKEND = "rdmacc"
 
 # register_backend asserts on a second registration (importlib.reload, or two
 # copies of the package on sys.path): register once per interpreter.
 if BACKEND.upper() not in _dist.Backend._plugins:
-    _dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True)
+    if BACKEND_API:
+        # torch >= 2.0: a c10d::Backend for CPU tensors, so that
+        # init_process_group("cpu:rdmacc,cuda:nccl") routes CPU tensors here.
+        _dist.Backend.register_backend(
+            BACKEND, create_process_group, extended_api=True, devices=["cpu"]
+        )
+    else:
+        _dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True)
+
+
+def backend_of(group=None):
+    """The BackendRdmacc behind a process group (default: the default group),
+    for rdmacc's own methods (register_memory, deregister_memory). On torch
+    >= 2.0 a ProcessGroup holds one backend per device and rdmacc is the CPU
+    one; on 1.13 the group is rdmacc's object itself."""
+    pg = group if group is not None else _dist.distributed_c10d._get_default_group()
+    if BACKEND_API:
+        import torch
+
+        pg = pg._get_backend(torch.device("cpu"))
+    if not isinstance(pg, BackendRdmacc):
+        raise RuntimeError(f"rdmacc_torch.backend_of: the group's CPU backend is {type(pg).__name__}, not rdmacc")
+    return pg
