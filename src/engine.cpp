@@ -28,6 +28,7 @@
 #include "src/registration_cache.hpp"
 #include "src/ring.hpp"
 #include "src/socket.hpp"
+#include "src/store_util.hpp"
 #include "src/wire.hpp"
 #include "src/wr_id.hpp"
 #include "verbs/error.hpp"
@@ -218,7 +219,9 @@ struct Engine::Impl {
   size_t chunk;
   PageBuffer recvRegion;     // [peer][slot] of slotBytes: what peers write into
   PageBuffer stagingRegion;  // [peer][slot]: what we write from
-  verbs::MrPtr recvMr;       // after the mesh's PD
+  // One registration of the receive region per peer, over that peer's slots
+  // only: its rkey lets it write those and nothing else of this process.
+  std::vector<verbs::MrPtr> recvMrs;  // by peerIndex; after the mesh's PD
   verbs::MrPtr stagingMr;
   std::vector<PeerState> peers;
   std::vector<bool> dead;                                     // peers that disconnected
@@ -1479,29 +1482,59 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
                                     static_cast<size_t>(options.slotsPerPeer) * options.slotBytes;
   s.recvRegion = PageBuffer(region);
   s.stagingRegion = PageBuffer(region);
-  s.recvMr =
-      verbs::registerMemory(mesh.pd(), s.recvRegion.data(), region, verbs::kRemoteWriteAccess);
+  const size_t perPeer = static_cast<size_t>(options.slotsPerPeer) * options.slotBytes;
+  std::string rkeys;
+  for (int peer = 0; peer < s.size; ++peer) {
+    if (peer == s.rank) continue;
+    s.recvMrs.push_back(
+        verbs::registerMemory(mesh.pd(), s.recvSlot(peer, 0), perPeer, verbs::kRemoteWriteAccess));
+    rkeys += fmt::format("{}{}", rkeys.empty() ? "" : ",", s.recvMrs.back()->rkey);
+  }
   s.stagingMr =
       verbs::registerMemory(mesh.pd(), s.stagingRegion.data(), region, IBV_ACCESS_LOCAL_WRITE);
 
   PrefixStore group("rdmacc/engine/" + options.group,
                     std::shared_ptr<Store>(&store, [](Store*) {}));
+  // "base:slots:slotBytes:rkey,rkey,...": one rkey per peer, in rank order
+  // without this rank.
   group.set(fmt::format("slots/{}", s.rank),
             toBytes(fmt::format("{}:{}:{}:{}", reinterpret_cast<uintptr_t>(s.recvRegion.data()),
-                                s.recvMr->rkey, options.slotsPerPeer, options.slotBytes)));
+                                options.slotsPerPeer, options.slotBytes, rkeys)));
   s.peers.resize(static_cast<size_t>(s.size));
   s.dead.assign(static_cast<size_t>(s.size), false);
   for (int peer = 0; peer < s.size; ++peer) {
     if (peer == s.rank) continue;
-    std::string text = toString(group.get(fmt::format("slots/{}", peer)));
-    uint64_t base = 0;
-    uint32_t rkey = 0;
-    int slots = 0;
-    size_t slotBytes = 0;
-    if (std::sscanf(text.c_str(), "%lu:%u:%d:%zu", &base, &rkey, &slots, &slotBytes) != 4) {
+    const std::string key = fmt::format("slots/{}", peer);
+    const std::string text = toString(group.get(key));
+    std::vector<std::string> fields;
+    for (size_t at = 0;;) {
+      size_t colon = text.find(':', at);
+      fields.push_back(text.substr(at, colon - at));
+      if (colon == std::string::npos) break;
+      at = colon + 1;
+    }
+    if (fields.size() != 4) {
       throw Error(ErrorKind::Protocol,
                   fmt::format("rank {} published malformed slot information '{}'", peer, text));
     }
+    const uint64_t base = storeNumber(toBytes(fields[0]), UINT64_MAX, key);
+    const auto slots = static_cast<int>(storeNumber(toBytes(fields[1]), INT32_MAX, key));
+    const size_t slotBytes = storeNumber(toBytes(fields[2]), SIZE_MAX, key);
+    // Our rkey in the peer's list: its peers in rank order, without itself.
+    const size_t mine = Impl::peerIndex(peer, s.rank);
+    std::string rkeyText;
+    size_t index = 0;
+    for (size_t at = 0;; ++index) {
+      size_t comma = fields[3].find(',', at);
+      if (index == mine) rkeyText = fields[3].substr(at, comma - at);
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+    if (index + 1 != static_cast<size_t>(s.size - 1)) {
+      throw Error(ErrorKind::Protocol, fmt::format("rank {} published {} rkeys for a group of {}",
+                                                   peer, index + 1, s.size));
+    }
+    const auto rkey = static_cast<uint32_t>(storeNumber(toBytes(rkeyText), UINT32_MAX, key));
     if (slots != options.slotsPerPeer || slotBytes != options.slotBytes) {
       throw Error(ErrorInfo{
           .kind = ErrorKind::InvalidArgument,
@@ -1516,7 +1549,7 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
       p.lanes[i].qp = mesh.qp(peer, static_cast<int>(i));
       p.lanes[i].maxInline = verbs::maxInlineData(p.lanes[i].qp);
     }
-    p.remoteBase = base + Impl::peerIndex(peer, s.rank) * static_cast<uint64_t>(slots) * slotBytes;
+    p.remoteBase = base + mine * static_cast<uint64_t>(slots) * slotBytes;
     p.rkey = rkey;
     for (int i = 0; i < slots; ++i) {
       p.freeRemote.push_back(i);

@@ -36,6 +36,8 @@ const char* toString(RejectReason reason) noexcept {
       return "duplicate connection for an established queue pair";
     case RejectReason::BadQpIndex:
       return "queue pair index out of range (RDMACC_QPS_PER_PEER differs)";
+    case RejectReason::GroupFormed:
+      return "the group has already formed (a late or stranger connection)";
   }
   return "unknown reason";
 }
@@ -84,7 +86,7 @@ std::optional<RejectReason> decodeReject(std::span<const uint8_t> bytes) {
   if (get<uint32_t>(p) != (kMagic ^ 0xffffffffu)) return std::nullopt;
   get<uint16_t>(p);
   auto reason = get<uint8_t>(p);
-  if (reason < 1 || reason > static_cast<uint8_t>(RejectReason::BadQpIndex)) return std::nullopt;
+  if (reason < 1 || reason > static_cast<uint8_t>(RejectReason::GroupFormed)) return std::nullopt;
   return static_cast<RejectReason>(reason);
 }
 

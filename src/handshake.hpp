@@ -35,6 +35,7 @@ enum class RejectReason : uint8_t {
   WorldSizeMismatch,
   Duplicate,
   BadQpIndex,
+  GroupFormed,
 };
 const char* toString(RejectReason reason) noexcept;
 

@@ -535,6 +535,16 @@ std::vector<int> Mesh::takeDisconnectedPeers() {
   std::vector<int> peers;
   if (!events_) return peers;
   while (auto event = events_->next(std::chrono::milliseconds(0))) {
+    if (event->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+      // Late or stranger: rejected (the sender learns why at once instead of
+      // hanging) and its id destroyed once the event is acknowledged.
+      verbs::CmIdPtr id(event->id);
+      log(LogLevel::Warn, "rank {}: rejected a connection from {}: {}", rank_,
+          verbs::peerAddress(id.get()), handshake::toString(handshake::RejectReason::GroupFormed));
+      verbs::reject(id.get(), handshake::encodeReject(handshake::RejectReason::GroupFormed));
+      event.reset();
+      continue;
+    }
     if (event->event != RDMA_CM_EVENT_DISCONNECTED && event->event != RDMA_CM_EVENT_DEVICE_REMOVAL)
       continue;
     for (size_t i = 0; i < connections_.size(); ++i) {

@@ -433,7 +433,9 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
                             .rkey = mr->rkey,
                             .owner = std::move(mr)};
       },
-      s.config.getBool("RDMACC_REGISTRATION_CACHE"), static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
+      // Exactly [ptr, ptr + bytes): with whole pages, the heap bytes next to a
+      // registered tensor would be remotely writable too.
+      s.config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);
   const bool yield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"), *s.mesh);
   const auto spins = spinTimes(s.config.getString("RDMACC_SPIN_US"), yield);
   s.engine = std::make_unique<Engine>(

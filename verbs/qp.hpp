@@ -52,8 +52,10 @@ class CompletionQueue {
 PdPtr allocatePd(ibv_context* context);
 // Throws Error(Registration) naming the locked-memory limit on failure.
 MrPtr registerMemory(ibv_pd* pd, void* addr, size_t length, int access);
-constexpr int kRemoteWriteAccess =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+// Peers write into registered memory, never read it: no IBV_ACCESS_REMOTE_READ
+// (a peer holding the rkey could otherwise read the region, and on whole-page
+// registrations its neighbours).
+constexpr int kRemoteWriteAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 
 // An RC QP on pd whose send and receive completions go to cq.
 QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params);

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -274,6 +275,62 @@ TEST(InProcess, StrangerWithWrongTokenIsRejectedAndTheGroupStillForms) {
   EXPECT_EQ(rank0Error, "");
   EXPECT_EQ(rank1Error, "");
   EXPECT_TRUE(formed);
+}
+
+// After the group formed, a connection request (a late retry, or a stranger
+// that learned the token) is rejected and its id destroyed: the sender learns
+// why at once, and the formed group neither leaks the id nor sees a peer go.
+TEST(InProcess, LateConnectionAfterFormationIsRejectedOnBothSides) {
+  HashStore store(20s);
+  Config config = quickConfig({{"RDMACC_CONNECT_TIMEOUT", "20s"}});
+  std::atomic<bool> strangerDone{false};
+  std::string rank0Error, rank1Error;
+  std::vector<int> gone;
+  std::thread rank0([&] {
+    try {
+      Mesh mesh(store, 0, 2, config, MeshOptions{.group = "late"});
+      storeBarrier(store, "late-formed", 2);
+      // What the engine does: poll the connection events.
+      while (!strangerDone) {
+        for (int peer : mesh.takeDisconnectedPeers()) gone.push_back(peer);
+        std::this_thread::sleep_for(10ms);
+      }
+      for (int peer : mesh.takeDisconnectedPeers()) gone.push_back(peer);
+      storeBarrier(store, "late-done", 2);
+    } catch (const std::exception& e) {
+      rank0Error = e.what();
+    }
+  });
+  std::thread rank1([&] {
+    try {
+      Mesh mesh(store, 1, 2, config, MeshOptions{.group = "late"});
+      storeBarrier(store, "late-formed", 2);
+      storeBarrier(store, "late-done", 2);
+    } catch (const std::exception& e) {
+      rank1Error = e.what();
+    }
+  });
+  while (std::stoll(toString(store.get("late-formed"))) < 2) std::this_thread::sleep_for(5ms);
+  // The stranger holds the group's own token and claims rank 1.
+  HashStore copy(5s);
+  copy.set("rdmacc/mesh/late/token", store.get("rdmacc/mesh/late/token"));
+  copy.set("rdmacc/mesh/late/addr/0", store.get("rdmacc/mesh/late/addr/0"));
+  auto start = std::chrono::steady_clock::now();
+  try {
+    Mesh stranger(copy, 1, 2, quickConfig({{"RDMACC_CONNECT_TIMEOUT", "15s"}}),
+                  MeshOptions{.group = "late"});
+    ADD_FAILURE() << "a connection after formation was accepted";
+  } catch (const Error& e) {
+    std::string w = e.what();
+    EXPECT_NE(w.find("the group has already formed"), std::string::npos) << w;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the late sender hung";
+  strangerDone = true;
+  rank0.join();
+  rank1.join();
+  EXPECT_EQ(rank0Error, "");
+  EXPECT_EQ(rank1Error, "");
+  EXPECT_TRUE(gone.empty()) << "rank 0 saw rank " << gone.front() << " leave";
 }
 
 TEST(InProcess, SingleRankGroupNeedsNoPeers) {
