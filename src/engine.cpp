@@ -226,6 +226,14 @@ struct Engine::Impl {
   std::vector<PeerState> peers;
   std::vector<bool> dead;                                     // peers that disconnected
   std::vector<std::pair<int, Clock::time_point>> departures;  // (peer, verdict time)
+  // Failed completions wait for the same grace: when the peer's disconnect
+  // follows, the peer's death is the cause (not "remote access error").
+  struct FailedCompletion {
+    int peer;
+    Error error;
+    Clock::time_point verdict;
+  };
+  std::vector<FailedCompletion> failedCompletions;
   uint64_t arrivals = 0;
   Clock::time_point lastConnectionCheck{};
 
@@ -486,7 +494,13 @@ struct Engine::Impl {
         // operations that needed the peer were failed when it disconnected.
         if (dead[static_cast<size_t>(peer)]) continue;
         const char* what = id.kind == WrKind::Recv ? "a receive" : "an RDMA write";
-        breakGroup(verbs::completionError(wc, peer, mesh.peerAddress(peer), what));
+        bool known = false;
+        for (const auto& f : failedCompletions) known = known || f.peer == peer;
+        if (!known) {
+          failedCompletions.push_back(
+              FailedCompletion{peer, verbs::completionError(wc, peer, mesh.peerAddress(peer), what),
+                               Clock::now() + kDepartureGrace});
+        }
         continue;
       }
       PeerState& p = peers[static_cast<size_t>(peer)];
@@ -592,12 +606,20 @@ struct Engine::Impl {
       std::string text(reinterpret_cast<const char*>(recvSlot(peer, slot)) + kHeaderBytes,
                        in.header.payload);
       release(peer, slot);
-      breakGroup(
-          Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
-                          .message = fmt::format("rank {} reported a failure: {}", peer, text),
-                          .peerRank = peer,
-                          .peerAddress = mesh.peerAddress(peer)}),
-          /*tellPeers=*/false);
+      // The root cause as the reporting rank saw it (a rank it lost), or
+      // the reporting rank itself.
+      const uint64_t root = in.header.check;
+      const bool relayed = root > 0 && root <= static_cast<uint64_t>(size) &&
+                           root - 1 != static_cast<uint64_t>(rank);
+      const int cause = relayed ? static_cast<int>(root - 1) : peer;
+      breakGroup(Error(ErrorInfo{
+                     .kind = ErrorKind::PeerFailure,
+                     .message = relayed ? fmt::format("rank {} reported a failure of rank {}: {}",
+                                                      peer, cause, text)
+                                        : fmt::format("rank {} reported a failure: {}", peer, text),
+                     .peerRank = cause,
+                     .peerAddress = mesh.peerAddress(cause)}),
+                 /*tellPeers=*/false);
       return;
     }
     if (logEnabled(LogLevel::Trace))
@@ -648,6 +670,18 @@ struct Engine::Impl {
       if (dead[static_cast<size_t>(peer)]) continue;
       dead[static_cast<size_t>(peer)] = true;
       departures.emplace_back(peer, now + kDepartureGrace);
+      // Its failed writes are explained by its departure.
+      std::erase_if(failedCompletions, [&](const FailedCompletion& f) { return f.peer == peer; });
+    }
+    for (auto it = failedCompletions.begin(); it != failedCompletions.end();) {
+      if (it->verdict > now) {
+        ++it;
+        continue;
+      }
+      Error error = it->error;
+      failedCompletions.erase(it);
+      breakGroup(error);
+      return true;
     }
     for (auto it = departures.begin(); it != departures.end();) {
       if (it->second > now) {
@@ -660,7 +694,9 @@ struct Engine::Impl {
       for (const auto& a : collectives) needed = needed || needs(*a, peer);
       for (const auto& a : pointToPoint) needed = needed || needs(*a, peer);
       if (needed) {
-        breakGroup(peerGone(peer), false);
+        // The others learn it from this rank (with the dead rank as the
+        // cause) rather than from this rank's own departure later.
+        breakGroup(peerGone(peer));
         progress = true;
       } else {
         log(LogLevel::Info, "rank {} disconnected; operations that involve it will fail", peer);
@@ -1097,10 +1133,16 @@ struct Engine::Impl {
       brokenCopy = error;
     }
     if (tellPeers) {
+      // The rank at the root of the failure travels with it (check = root +
+      // 1; 0: this rank itself), so every survivor names the same rank.
       std::string text = std::string(error.what()).substr(0, chunk);
+      const int root = error.info().peerRank;
       for (int peer = 0; peer < size; ++peer) {
         if (peer == rank || dead[static_cast<size_t>(peer)]) continue;
-        Header h{.kind = MessageKind::Abort, .payload = static_cast<uint32_t>(text.size())};
+        Header h{.kind = MessageKind::Abort,
+                 .payload = static_cast<uint32_t>(text.size()),
+                 .check = root >= 0 && root < size && root != peer ? static_cast<uint64_t>(root) + 1
+                                                                   : 0};
         try {
           trySend(peer, h, reinterpret_cast<const uint8_t*>(text.data()));
         } catch (const Error&) {  // best effort: the peer may be the one that failed
@@ -1280,7 +1322,8 @@ struct Engine::Impl {
       if (stopped) return;
       mesh.cq().arm();
       if (guardedStep()) return;  // a completion may have landed before the arm
-      idle = mayIdle && collectives.empty() && pointToPoint.empty() && departures.empty();
+      idle = mayIdle && collectives.empty() && pointToPoint.empty() && departures.empty() &&
+             failedCompletions.empty();
     }
     waitForEvents(/*completions=*/true,
                   idle ? std::nullopt : std::optional<std::chrono::microseconds>(maxWait));

@@ -941,11 +941,25 @@ void VerbsBackend::monitoredBarrier(const BarrierOptions& opts, bool waitAllRank
   uint32_t arriveTag = kInternalTagBase | ((round & 0x3fffffffu) << 1);
   uint32_t releaseTag = arriveTag | 1;
   Tensor empty{nullptr, 0, DataType::UInt8};
+  // The messages are gloo's (c10d's tests and users' log searches match them).
   if (rank_ != 0) {
     s.submit(pointToPointOp(OpType::Send, empty, 0, arriveTag, timeout));
     auto released = s.submit(pointToPointOp(OpType::Recv, empty, 0, releaseTag, timeout));
-    released->wait();
+    try {
+      released->wait();
+    } catch (const Error& e) {
+      ErrorInfo info = e.info();
+      info.message = fmt::format(
+          "Rank {} successfully reached monitoredBarrier, but received errors while waiting for "
+          "send/recv from rank 0. Please check rank 0 logs for faulty rank. ({})",
+          rank_, info.message);
+      throw Error(std::move(info));
+    }
     return;
+  }
+  if (timeout.count() == 0 && size_ > 1) {
+    throw Error(ErrorKind::Timeout, "Rank 0 timed out in monitoredBarrier after 0 ms",
+                "give monitored_barrier a timeout long enough for every rank to arrive");
   }
   std::vector<std::shared_ptr<Work>> arrivals(static_cast<size_t>(size_));
   for (int r = 1; r < size_; ++r) {
@@ -963,12 +977,12 @@ void VerbsBackend::monitoredBarrier(const BarrierOptions& opts, bool waitAllRank
   }
   if (!missing.empty()) {
     std::vector<int> named = waitAllRanks ? missing : std::vector<int>{missing.front()};
-    throw Error(ErrorInfo{.kind = ErrorKind::Timeout,
-                          .message = fmt::format(
-                              "monitoredBarrier: rank(s) {} did not reach the barrier within {} ms",
-                              fmt::join(named, ", "), timeout.count()),
-                          .peerRank = named.front(),
-                          .hint = "those ranks are stuck, slower, or failed; see their output"});
+    throw Error(ErrorInfo{
+        .kind = ErrorKind::Timeout,
+        .message = fmt::format("Rank{} {} failed to pass monitoredBarrier in {} ms",
+                               waitAllRanks ? "s" : "", fmt::join(named, ", "), timeout.count()),
+        .peerRank = named.front(),
+        .hint = "those ranks are stuck, slower, or failed; see their output"});
   }
   std::vector<std::shared_ptr<Work>> releases;
   for (int r = 1; r < size_; ++r)

@@ -71,6 +71,33 @@ TEST(Failure, RankKilledMidAllreduceIsNamedByEverySurvivor) {
   EXPECT_LT(later.second, 2s);
 }
 
+// The dead rank's death is passed on: a survivor whose own operation does not
+// involve it (rank 2 waits for rank 1, which waits for the dead rank 0) fails
+// at once, naming rank 0 as the cause, instead of waiting for its timeout and
+// blaming rank 1.
+TEST(Failure, DeathIsPassedOnToRanksThatDoNotTalkToTheDeadRank) {
+  auto backend = makeBackend("relay");
+  const int rank = backend->getRank(), size = backend->getSize();
+  ASSERT_EQ(size, 3);
+  backend->barrier()->wait();
+  std::vector<float> data(16, 1.0f);
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
+  if (rank == 0) {
+    std::this_thread::sleep_for(300ms);
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  auto start = Clock::now();
+  auto w = rank == 1 ? backend->recv(t, 0, 7) : backend->recv(t, 1, 8);
+  auto [error, took] = outcome(w, start);
+  fmt::print("rank {} learned after {} ms: {}\n", rank,
+             std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), error);
+  EXPECT_NE(error, "");
+  EXPECT_NE(error.find("rank 0"), std::string::npos) << error;
+  // The relay is immediate; the VM's grace and scheduling take a few hundred ms.
+  EXPECT_LT(took, 5s) << "rank " << rank << " waited for its timeout: " << error;
+}
+
 TEST(Failure, TimeoutNamesTheOpAndTheAwaitedRank) {
   auto backend = makeBackend("timeout");
   const int rank = backend->getRank(), size = backend->getSize();
@@ -132,9 +159,14 @@ TEST(Failure, MonitoredBarrierNamesTheMissingRanks) {
     std::string w = e.what();
     if (rank == 0) {
       EXPECT_NE(
-          w.find(fmt::format(
-              "monitoredBarrier: rank(s) {} did not reach the barrier within 2000 ms", size - 1)),
+          w.find(fmt::format("Ranks {} failed to pass monitoredBarrier in 2000 ms", size - 1)),
           std::string::npos)
+          << w;
+    } else {
+      EXPECT_NE(w.find(fmt::format("Rank {} successfully reached monitoredBarrier, but received "
+                                   "errors while waiting for send/recv from rank 0",
+                                   rank)),
+                std::string::npos)
           << w;
     }
     EXPECT_LT(Clock::now() - start, 2s + 5s) << w;
