@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "rdmacc/error.hpp"
@@ -18,7 +19,11 @@ T add(T a, T b) {
     using U = std::make_unsigned_t<T>;
     return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
   } else {
-    return a + b;
+    // A NaN result is the canonical one: the hardware passes on the first
+    // operand's payload and sign, which would differ between ranks that hold
+    // the operands in opposite orders.
+    const T r = a + b;
+    return r != r ? std::numeric_limits<T>::quiet_NaN() : r;
   }
 }
 
@@ -28,8 +33,32 @@ T mul(T a, T b) {
     using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
     return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
   } else {
-    return a * b;
+    const T r = a * b;
+    return r != r ? std::numeric_limits<T>::quiet_NaN() : r;
   }
+}
+
+// Min and Max whose result does not depend on the order of the operands, so
+// that every rank reduces to the same bits whichever operand an algorithm
+// holds first (recursive doubling combines the same pair on two ranks in
+// opposite orders): -0 ranks below +0, and a NaN in either operand gives the
+// type's canonical quiet NaN (NaNs propagate, as torch.minimum's do).
+template <typename T>
+T orderedMin(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+    if (a == b) return std::signbit(a) ? a : b;
+  }
+  return b < a ? b : a;
+}
+
+template <typename T>
+T orderedMax(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+    if (a == b) return std::signbit(a) ? b : a;
+  }
+  return a < b ? b : a;
 }
 
 template <typename T, typename F>
@@ -51,10 +80,10 @@ void reduceTyped(void* dst, const void* src, size_t n, ReduceOp op) {
       apply<T>(dst, src, n, [](T a, T b) { return mul(a, b); });
       return;
     case ReduceOp::Min:
-      apply<T>(dst, src, n, [](T a, T b) { return b < a ? b : a; });
+      apply<T>(dst, src, n, [](T a, T b) { return orderedMin(a, b); });
       return;
     case ReduceOp::Max:
-      apply<T>(dst, src, n, [](T a, T b) { return a < b ? b : a; });
+      apply<T>(dst, src, n, [](T a, T b) { return orderedMax(a, b); });
       return;
     case ReduceOp::BAnd:
     case ReduceOp::BOr:

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -250,6 +251,42 @@ TEST(Collectives, AllreduceLargerThanEveryChunkAndAuto) {
       gBackend->allreduce(ts, AllreduceOptions{.algorithm = a})->wait();
       expectReduced(b, ReduceOp::Sum, 0, n, 7,
                     "large allreduce " + name(DataType::Float32, ReduceOp::Sum, n, a));
+    }
+  }
+}
+
+// Data full of +0/-0 and NaNs, every float type, op and algorithm: every rank
+// ends with the same bytes (gathered and compared), which recursive doubling
+// did not give for Min and Max before the kernels became order-free.
+TEST(Collectives, AllreduceGivesIdenticalBytesOnEveryRankForSignedZerosAndNaNs) {
+  auto algorithms = allreduceAlgorithms();
+  algorithms.push_back(Algorithm::Auto);
+  const size_t n = 64;
+  for (DataType t : {DataType::Float32, DataType::Float64, DataType::Float16, DataType::BFloat16}) {
+    for (ReduceOp op : {ReduceOp::Min, ReduceOp::Max, ReduceOp::Sum, ReduceOp::Product}) {
+      for (Algorithm a : algorithms) {
+        const size_t es = elementSize(t);
+        std::vector<uint8_t> mine(n * es);
+        Tensor tensor{mine.data(), n, t};
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        for (size_t i = 0; i < n; ++i) {
+          // Per element a different mix across ranks: +0, -0, NaN, -NaN.
+          const size_t k = (i + static_cast<size_t>(R) * (1 + i % 3)) % 4;
+          setElement(tensor, i, k == 0 ? 0.0 : k == 1 ? -0.0 : k == 2 ? nan : -nan);
+        }
+        std::vector<Tensor> ts{tensor};
+        gBackend->allreduce(ts, AllreduceOptions{.reduceOp = op, .algorithm = a})->wait();
+        std::vector<uint8_t> all(mine.size() * static_cast<size_t>(N));
+        Tensor whole{all.data(), n * static_cast<size_t>(N), t};
+        gBackend->_allgather_base(whole, tensor, AllgatherOptions{})->wait();
+        for (int r = 0; r < N; ++r) {
+          EXPECT_EQ(std::memcmp(all.data() + static_cast<size_t>(r) * mine.size(), mine.data(),
+                                mine.size()),
+                    0)
+              << "rank " << r << " differs from rank " << R << ": " << toString(t) << " "
+              << toString(op) << " " << toString(a);
+        }
+      }
     }
   }
 }

@@ -34,6 +34,34 @@ TEST(Reduce, Float32AndFloat64) {
   for (size_t i = 0; i < s.size(); ++i) ASSERT_EQ(s[i], static_cast<float>(i) + 0.5f);
 }
 
+// Every rank must end with the same bits whichever operand an algorithm holds
+// first: Min and Max of +0/-0, and any op's NaNs, do not depend on the order.
+template <typename T>
+void expectOrderFree(DataType dtype, ReduceOp op, T a, T b) {
+  std::vector<T> ab = reduced(std::vector<T>{a}, std::vector<T>{b}, dtype, op);
+  std::vector<T> ba = reduced(std::vector<T>{b}, std::vector<T>{a}, dtype, op);
+  EXPECT_EQ(std::memcmp(ab.data(), ba.data(), sizeof(T)), 0)
+      << "op " << static_cast<int>(op) << " dtype " << static_cast<int>(dtype);
+}
+
+TEST(Reduce, ResultsHaveTheSameBitsInEitherOrder) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float negNan = -std::numeric_limits<float>::quiet_NaN();
+  for (ReduceOp op : {ReduceOp::Min, ReduceOp::Max, ReduceOp::Sum, ReduceOp::Product}) {
+    for (auto [a, b] : {std::pair{0.0f, -0.0f}, {nan, 1.0f}, {nan, negNan}, {-0.0f, nan}}) {
+      expectOrderFree<float>(DataType::Float32, op, a, b);
+      expectOrderFree<double>(DataType::Float64, op, a, b);
+      expectOrderFree<uint16_t>(DataType::Float16, op, floatToHalf(a), floatToHalf(b));
+      expectOrderFree<uint16_t>(DataType::BFloat16, op, floatToBfloat16(a), floatToBfloat16(b));
+    }
+  }
+  // -0 ranks below +0; a NaN propagates.
+  EXPECT_TRUE(std::signbit(reduced<float>({0.0f}, {-0.0f}, DataType::Float32, ReduceOp::Min)[0]));
+  EXPECT_FALSE(std::signbit(reduced<float>({-0.0f}, {0.0f}, DataType::Float32, ReduceOp::Max)[0]));
+  EXPECT_TRUE(std::isnan(reduced<float>({1.0f}, {nan}, DataType::Float32, ReduceOp::Min)[0]));
+  EXPECT_TRUE(std::isnan(reduced<double>({nan}, {1.0}, DataType::Float64, ReduceOp::Max)[0]));
+}
+
 TEST(Reduce, IntegersWrapLikeTwosComplement) {
   std::vector<int8_t> a{127, -128, 5, -1}, b{1, -1, -3, -1};
   EXPECT_EQ(reduced(a, b, DataType::Int8, ReduceOp::Sum), (std::vector<int8_t>{-128, 127, 2, -2}));
