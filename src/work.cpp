@@ -6,6 +6,14 @@
 #include "rdmacc/log.hpp"
 
 namespace rdmacc {
+namespace {
+
+// Completion callbacks run on the thread that completed the operation (the
+// progress engine, or a caller driving it): waiting there for an operation
+// that is not over would wait for progress only that same thread can make.
+thread_local int callbackDepth = 0;
+
+}  // namespace
 
 Work::Work(OpType type, uint64_t sequence) : type_(type), sequence_(sequence) {}
 Work::~Work() = default;
@@ -37,6 +45,14 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   std::shared_ptr<const ProgressDriver> driver;
   {
     std::lock_guard lock(mutex_);
+    if (callbackDepth > 0 && !settled_) {
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("Work::wait on {} #{} inside a completion callback: it would never "
+                              "return (callbacks run on the thread that makes progress)",
+                              toString(type_), sequence_),
+                  "in a callback, issue operations and chain callbacks (then) instead of "
+                  "waiting; wait from the caller's thread");
+    }
     if (!completed_) driver = driver_;
   }
   if (driver) (*driver)(*this, until);
@@ -101,6 +117,12 @@ void Work::finish(std::exception_ptr error, int sourceRank) {
 }
 
 void Work::runCallbacks(std::vector<std::function<void(Work&)>>& callbacks) {
+  struct Inside {
+    Inside() { ++callbackDepth; }
+    ~Inside() { --callbackDepth; }
+    Inside(const Inside&) = delete;
+    Inside& operator=(const Inside&) = delete;
+  } inside;
   for (auto& fn : callbacks) {
     try {
       fn(*this);
