@@ -2,12 +2,14 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include "rdmacc/config.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/topology.hpp"
+#include "rdmacc/version.hpp"
 
 namespace {
 
@@ -58,6 +60,7 @@ void printMarkdown() {
 
 int report(const Config& config) {
   int problems = 0;
+  fmt::print("rdmacc {} (built against {})\n", rdmacc::version(), RDMACC_VERSION);
   auto devices = listDevices();
   fmt::print("RDMA devices: {}\n", devices.empty() ? "none" : std::to_string(devices.size()));
   for (const auto& d : devices) {
@@ -103,6 +106,10 @@ int report(const Config& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string_view(argv[1]) == "--version") {
+    std::printf("rdmacc-info %s\n", rdmacc::version());
+    return 0;
+  }
   try {
     std::string mode = argc > 1 ? argv[1] : "";
     if (argc > 2 || (!mode.empty() && mode != "--config" && mode != "--config-markdown")) {

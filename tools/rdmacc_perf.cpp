@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "rdmacc/environment.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "rdmacc/version.hpp"
 
 namespace {
 
@@ -816,6 +818,10 @@ int runIdle(const Args& args) {
 }
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string_view(argv[1]) == "--version") {
+    std::printf("rdmacc-perf %s\n", rdmacc::version());
+    return 0;
+  }
   try {
     Args args = parse(argc, argv);
     if (args.replot) {

@@ -11,9 +11,11 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -21,6 +23,7 @@
 #include "rdmacc/config.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
+#include "rdmacc/version.hpp"
 
 namespace {
 
@@ -96,6 +99,10 @@ int exitCode(int status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string_view(argv[1]) == "--version") {
+    std::printf("rdmacc-run %s\n", rdmacc::version());
+    return 0;
+  }
   int n = 0;
   bool prefix = true;
   std::chrono::milliseconds timeout{0};

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "rdmacc/config.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/tuning.hpp"
+#include "rdmacc/version.hpp"
 
 using namespace rdmacc;
 using Clock = std::chrono::steady_clock;
@@ -154,6 +156,10 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string_view(argv[1]) == "--version") {
+    std::printf("rdmacc-tune %s\n", rdmacc::version());
+    return 0;
+  }
   try {
     return run(parse(argc, argv));
   } catch (const std::exception& e) {

@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "process_group.hpp"
+#include "rdmacc/version.hpp"
 
 namespace py = pybind11;
 
@@ -32,6 +33,7 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>());
   m.attr("ProcessGroupRdmacc") = cls;  // the 1.13 line's name
   m.attr("BACKEND_API") = py::bool_(RDMACC_TORCH_BACKEND_API != 0);
+  m.attr("__version__") = rdmacc::version();
 
   // Forming the group waits for every rank: let other Python threads run.
   m.def(

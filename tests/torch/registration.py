@@ -24,6 +24,7 @@ if rdmacc_torch.BACKEND_API:
 else:
     assert issubclass(rdmacc_torch.ProcessGroupRdmacc, dist.ProcessGroup)
 assert rdmacc_torch.ProcessGroupRdmacc is rdmacc_torch.BackendRdmacc
+assert rdmacc_torch.__version__.count(".") == 2, rdmacc_torch.__version__
 
 with socket.socket() as s:  # a free port for torch's TCPStore
     s.bind(("127.0.0.1", 0))

@@ -12,7 +12,7 @@ variables (see docs/configuration.md and docs/pytorch.md).
 
 import torch.distributed as _dist
 
-from ._C import BACKEND_API, BackendRdmacc, ProcessGroupRdmacc, create_process_group
+from ._C import BACKEND_API, BackendRdmacc, ProcessGroupRdmacc, __version__, create_process_group
 
 __all__ = ["BackendRdmacc", "ProcessGroupRdmacc", "backend_of", "create_process_group", "BACKEND"]
 
