@@ -181,14 +181,123 @@ std::vector<int64_t> splitElements(const std::vector<int64_t>& rows, const at::T
   return out;
 }
 
-c10::intrusive_ptr<c10d::Work> wrap(std::shared_ptr<rdmacc::Work> work, int rank, OpType type,
-                                    std::vector<at::Tensor> outputs,
-                                    std::vector<at::Tensor> inputs = {}) {
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::wrap(std::shared_ptr<rdmacc::Work> work, int rank,
+                                                   OpType type, std::vector<at::Tensor> outputs,
+                                                   std::vector<at::Tensor> inputs) {
+  {
+    std::lock_guard lock(collectMutex_);
+    for (auto& open : collections_) open.push_back(Member{work, outputs});
+  }
   return c10::make_intrusive<WorkRdmacc>(std::move(work), rank, type, std::move(outputs),
                                          std::move(inputs));
 }
 
-}  // namespace
+std::vector<BackendRdmacc::Member> BackendRdmacc::closeCollection() {
+  std::lock_guard lock(collectMutex_);
+  std::vector<Member> members = std::move(collections_.back());
+  collections_.pop_back();
+  return members;
+}
+
+// One Work over several: complete when all are, failed with the first
+// failure; its result is every member's outputs in order.
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::combine(std::vector<Member> members) {
+  auto all = std::make_shared<rdmacc::Work>(
+      members.empty() ? rdmacc::OpType::Barrier : members.front().work->opType(),
+      members.empty() ? 0 : members.front().work->sequenceNumber());
+  struct State {
+    std::mutex mutex;
+    size_t left = 0;
+    std::exception_ptr first;
+  };
+  auto state = std::make_shared<State>();
+  state->left = members.size();
+  std::vector<at::Tensor> outputs;
+  for (const auto& m : members) outputs.insert(outputs.end(), m.outputs.begin(), m.outputs.end());
+  if (members.empty()) all->finish(nullptr);
+  for (const auto& m : members) {
+    m.work->then([state, all](rdmacc::Work& w) {
+      std::exception_ptr done;
+      bool last = false;
+      {
+        std::lock_guard lock(state->mutex);
+        if (!w.isSuccess() && !state->first) state->first = w.exception();
+        last = --state->left == 0;
+        done = state->first;
+      }
+      if (last) all->finish(done);
+    });
+  }
+#if RDMACC_TORCH_BACKEND_API
+  const OpType type = OpType::COALESCED;
+#else
+  const OpType type = OpType::UNKNOWN;
+#endif
+  return c10::make_intrusive<WorkRdmacc>(std::move(all), rank_, type, std::move(outputs),
+                                         std::vector<at::Tensor>{});
+}
+
+#if RDMACC_TORCH_BACKEND_API
+void BackendRdmacc::startCoalescing() {
+  std::lock_guard lock(collectMutex_);
+  TORCH_CHECK(!coalescing_,
+              "rdmacc: startCoalescing while coalescing already (call endCoalescing)");
+  coalescing_ = true;
+  collections_.insert(collections_.begin(), std::vector<Member>{});
+}
+
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::endCoalescing() {
+  std::vector<Member> members;
+  {
+    std::lock_guard lock(collectMutex_);
+    TORCH_CHECK(coalescing_, "rdmacc: endCoalescing without startCoalescing");
+    coalescing_ = false;
+    members = std::move(collections_.front());
+    collections_.erase(collections_.begin());
+  }
+  return combine(std::move(members));
+}
+
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(outputs.size() == inputs.size(),
+              "rdmacc allgather_into_tensor_coalesced: ", outputs.size(), " outputs for ",
+              inputs.size(), " inputs");
+  {
+    std::lock_guard lock(collectMutex_);
+    collections_.emplace_back();
+  }
+  try {
+    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
+  } catch (...) {
+    closeCollection();
+    throw;
+  }
+  return combine(closeCollection());
+}
+
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(outputs.size() == inputs.size(),
+              "rdmacc reduce_scatter_tensor_coalesced: ", outputs.size(), " outputs for ",
+              inputs.size(), " inputs");
+  {
+    std::lock_guard lock(collectMutex_);
+    collections_.emplace_back();
+  }
+  try {
+    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
+  } catch (...) {
+    closeCollection();
+    throw;
+  }
+  return combine(closeCollection());
+}
+#endif
 
 rdmacc::DataType toDataType(at::ScalarType type) {
   switch (type) {

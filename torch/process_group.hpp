@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -92,13 +93,46 @@ class BackendRdmacc final : public BackendBase {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+#if RDMACC_TORCH_BACKEND_API
+  // Coalescing (torch >= 2.0: _coalescing_manager, batch_isend_irecv): the
+  // operations issued between start and end run as they are issued (in
+  // order, several in flight); endCoalescing returns one Work for them all.
+  bool supportsCoalescing() const override {
+    return true;
+  }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // One _allgather_base / _reduce_scatter_base per pair, one Work for all.
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+#endif
+
   // Zero-copy for tensors reused across many operations (VerbsBackend::
   // registerMemory): deregister before the tensor's storage is freed.
   void registerTensor(const at::Tensor& tensor);
   void deregisterTensor(const at::Tensor& tensor);
 
  private:
+  // Every operation's c10d Work: also recorded in the open collections
+  // (coalescing, *_tensor_coalesced) so that they can be combined.
+  c10::intrusive_ptr<c10d::Work> wrap(std::shared_ptr<rdmacc::Work> work, int rank,
+                                      c10d::OpType type, std::vector<at::Tensor> outputs,
+                                      std::vector<at::Tensor> inputs = {});
+  struct Member {
+    std::shared_ptr<rdmacc::Work> work;
+    std::vector<at::Tensor> outputs;
+  };
+  std::vector<Member> closeCollection();
+  c10::intrusive_ptr<c10d::Work> combine(std::vector<Member> members);
+
   std::shared_ptr<rdmacc::VerbsBackend> backend_;
+  std::mutex collectMutex_;
+  std::vector<std::vector<Member>> collections_;  // open ones, innermost last
+  bool coalescing_ = false;                       // collections_.front() is startCoalescing's
 };
 
 // The name of the 1.13 line (a process group there).

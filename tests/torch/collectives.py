@@ -378,6 +378,45 @@ def extras(members):
     same("sequence numbers agree", allseq, [allseq[0]] * len(members))
 
 
+def coalescing():
+    """torch >= 2.0: batch_isend_irecv and _coalescing_manager go through the
+    backend's startCoalescing/endCoalescing and the *_tensor_coalesced ops."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    send = torch.full((5,), float(rank))
+    recv = torch.zeros(5)
+    ops = [dist.P2POp(dist.isend, send, (rank + 1) % size),
+           dist.P2POp(dist.irecv, recv, (rank - 1) % size)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    same("batch_isend_irecv ring", recv, torch.full((5,), float((rank - 1) % size)))
+    ins = [torch.full((3,), float(rank * 10 + i)) for i in range(3)]
+    outs = [torch.zeros(3 * size) for _ in range(3)]
+    with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    cm.wait()
+    for i, o in enumerate(outs):
+        want = torch.cat([torch.full((3,), float(r * 10 + i)) for r in range(size)])
+        same(f"coalesced all_gather_into_tensor {i}", o, want)
+    ins = [torch.arange(2.0 * size) + rank + i for i in range(2)]
+    outs = [torch.zeros(2) for _ in range(2)]
+    with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.reduce_scatter_tensor(o, i)
+    cm.wait()
+    for i, o in enumerate(outs):
+        full = sum(torch.arange(2.0 * size) + r + i for r in range(size))
+        same(f"coalesced reduce_scatter_tensor {i}", o, full[2 * rank: 2 * rank + 2])
+    # A coalesced all_reduce (the fast path of allreduce_coalesced).
+    ts = [torch.full((4,), float(rank + k)) for k in range(2)]
+    with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t)
+    cm.wait()
+    for k, t in enumerate(ts):
+        same(f"coalesced all_reduce {k}", t, torch.full((4,), float(sum(r + k for r in range(size)))))
+
+
 def registered(gloo):
     """Zero-copy from a registered tensor (64 KiB chunks: at least one message
     above RDMACC_ZERO_COPY_MIN_BYTES), reused across operations, then released."""
@@ -416,6 +455,8 @@ def main():
     suite(None, gloo, world, DTYPES, SIZES)
     errors_are_clear()
     extras(world)
+    if rdmacc_torch.BACKEND_API:
+        coalescing()
     registered(gloo)
     # A subgroup: every rank but rank 1 (ranks 0 and 1 on two ranks).
     sub = [r for r in world if r != 1] if size > 2 else world
