@@ -21,6 +21,17 @@ void checkTensor(const Tensor& t, const char* op, const char* what) {
   }
 }
 
+void checkGroup(int rank, int size) {
+  if (size < 1 || size > kMaxWorldSize) {
+    invalid(fmt::format("a group of {} ranks: rdmacc supports 1 to {}", size, kMaxWorldSize),
+            "check WORLD_SIZE (or the size passed to the backend)");
+  }
+  if (rank < 0 || rank >= size) {
+    invalid(fmt::format("rank {} is not a rank of a group of {} (0 to {})", rank, size, size - 1),
+            "check RANK and WORLD_SIZE");
+  }
+}
+
 std::vector<size_t> splitCounts(const std::vector<int64_t>& given, size_t numel, int ranks,
                                 const char* what) {
   const auto n = static_cast<size_t>(ranks);

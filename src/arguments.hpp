@@ -18,6 +18,11 @@ namespace rdmacc {
 // fit a size_t (numel x element size never wraps).
 void checkTensor(const Tensor& t, const char* op, const char* what);
 
+// A group's shape: 1 <= size <= kMaxWorldSize and 0 <= rank < size. The limit
+// is the width of the peer field of a work request id (src/wr_id.hpp).
+constexpr int kMaxWorldSize = 65536;
+void checkGroup(int rank, int size);
+
 // alltoall_base's split sizes for one side: `given` (empty: numel split
 // evenly) must hold one non-negative count per rank and add up to exactly
 // `numel`, in checked arithmetic (counts whose sum wraps are refused).

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "rdmacc/error.hpp"
+
 #include <cstring>
 
 namespace rdmacc::store_protocol {
@@ -113,7 +115,32 @@ int64_t getI64(const uint8_t* p) {
   return static_cast<int64_t>(u);
 }
 
+// What the wire cannot carry is refused before anything is sent: a length
+// cast to 32 bits would desynchronise the stream (a 4 GiB value would announce
+// 0 bytes and the server would read the value as the next requests).
+void checkSendable(const Request& request) {
+  auto refuse = [](std::string message) {
+    throw Error(ErrorKind::InvalidArgument, std::move(message),
+                "store values are for rendezvous data; move bulk data with collectives");
+  };
+  if (request.keys.size() > kMaxKeysPerRequest) {
+    refuse(fmt::format("a store request with {} keys (the limit is {})", request.keys.size(),
+                       kMaxKeysPerRequest));
+  }
+  for (const auto& k : request.keys) {
+    if (k.size() > kMaxKeyBytes) {
+      refuse(fmt::format("a store key of {} bytes (the limit is {})", k.size(), kMaxKeyBytes));
+    }
+  }
+  if (request.value.size() > kMaxValueBytes) {
+    refuse(fmt::format("a store value of {} bytes for key '{}' (the limit is {} bytes)",
+                       request.value.size(), request.keys.empty() ? "" : request.keys.front(),
+                       kMaxValueBytes));
+  }
+}
+
 std::vector<uint8_t> encode(const Request& request) {
+  checkSendable(request);
   std::vector<uint8_t> body;
   body.push_back(static_cast<uint8_t>(request.command));
   switch (request.command) {

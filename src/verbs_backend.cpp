@@ -407,6 +407,7 @@ struct VerbsBackend::Impl {
 
 VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Options options)
     : Backend(rank, size), impl_(std::make_unique<Impl>()) {
+  checkGroup(rank, size);
   Impl& s = *impl_;
   s.store = std::move(store);
   s.rank = rank;

@@ -28,6 +28,7 @@ constexpr WrId unpack(uint64_t v) noexcept {
               static_cast<uint16_t>(v >> 32), static_cast<uint32_t>(v)};
 }
 
+// src/arguments.hpp's kMaxWorldSize keeps every peer rank within the field.
 static_assert(unpack(pack(WrId{WrKind::WriteImm, 3, 65535, 0xdeadbeef})) ==
               WrId{WrKind::WriteImm, 3, 65535, 0xdeadbeef});
 

@@ -177,7 +177,14 @@ std::vector<int64_t> splitElements(const std::vector<int64_t>& rows, const at::T
   const int64_t perRow = rowElements(t);
   std::vector<int64_t> out;
   out.reserve(rows.size());
-  for (int64_t r : rows) out.push_back(r * perRow);
+  for (int64_t r : rows) {
+    // Checked: a split that overflows int64 would wrap into a plausible size.
+    int64_t elements = 0;
+    TORCH_CHECK(r >= 0 && !__builtin_mul_overflow(r, perRow, &elements),
+                "rdmacc alltoall_base: ", which, " split size ", r, " x ", perRow,
+                " elements per row is not a valid size");
+    out.push_back(elements);
+  }
   return out;
 }
 

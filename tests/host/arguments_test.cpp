@@ -41,6 +41,19 @@ TEST(Arguments, SplitSizesAreCheckedOnePerRankAndNonNegative) {
   EXPECT_EQ(splitCounts({}, 8, 4, "input"), (std::vector<size_t>{2, 2, 2, 2}));
 }
 
+TEST(Arguments, GroupsBeyondTheWorkRequestPeerFieldAreRefused) {
+  checkGroup(0, 1);
+  checkGroup(65535, kMaxWorldSize);
+  for (auto [rank, size] : {std::pair{0, 0}, {0, 65537}, {70000, 70000}, {-1, 4}, {4, 4}}) {
+    try {
+      checkGroup(rank, size);
+      ADD_FAILURE() << "accepted rank " << rank << " of " << size;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    }
+  }
+}
+
 TEST(Arguments, TensorsWhoseByteSizeWrapsAreRefused) {
   float x = 0;
   Tensor t{.data = &x, .numel = (SIZE_MAX / 4) + 1, .dtype = DataType::Float32};

@@ -312,6 +312,25 @@ TEST(TCPStoreServer, ClientVanishingWhileBlockedIsHarmless) {
   EXPECT_EQ(toString(client.get("never")), "now");
 }
 
+// A value whose length does not fit the frame's 32-bit fields is refused
+// before anything is sent (it used to be cast to uint32 and desynchronise
+// the stream); the connection stays usable.
+TEST(TCPStore, ValuesBeyondTheProtocolLimitAreRefusedBeforeSending) {
+  TCPStoreServer server("127.0.0.1", 0);
+  TCPStore client("127.0.0.1", server.port(), TCPStoreOptions{.timeout = 5s});
+  Bytes big(sp::kMaxValueBytes + 1, 1);
+  try {
+    client.set("big", big);
+    FAIL() << "a value over the limit was sent";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("for key 'big'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(client.get(std::string(sp::kMaxKeyBytes + 1, 'k')), Error);
+  client.set("after", toBytes("fine"));
+  EXPECT_EQ(toString(client.get("after")), "fine");
+}
+
 TEST(StoreNumber, OnlyDigitsWithinTheRangeAreAccepted) {
   EXPECT_EQ(storeNumber(toBytes("4791"), 65535, "addr/1"), 4791u);
   EXPECT_EQ(storeNumber(toBytes("18446744073709551615"), UINT64_MAX, "token"), UINT64_MAX);
