@@ -267,23 +267,31 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::endCoalescing() {
   return combine(std::move(members));
 }
 
+// Runs issue() with a collection open: one Work for everything it issued.
+template <typename F>
+c10::intrusive_ptr<c10d::Work> BackendRdmacc::collected(F&& issue) {
+  {
+    std::lock_guard lock(collectMutex_);
+    collections_.emplace_back();
+  }
+  try {
+    issue();
+  } catch (...) {
+    closeCollection();
+    throw;
+  }
+  return combine(closeCollection());
+}
+
 c10::intrusive_ptr<c10d::Work> BackendRdmacc::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(outputs.size() == inputs.size(),
               "rdmacc allgather_into_tensor_coalesced: ", outputs.size(), " outputs for ",
               inputs.size(), " inputs");
-  {
-    std::lock_guard lock(collectMutex_);
-    collections_.emplace_back();
-  }
-  try {
+  return collected([&] {
     for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
-  } catch (...) {
-    closeCollection();
-    throw;
-  }
-  return combine(closeCollection());
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRdmacc::reduce_scatter_tensor_coalesced(
@@ -292,17 +300,9 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::reduce_scatter_tensor_coalesced(
   TORCH_CHECK(outputs.size() == inputs.size(),
               "rdmacc reduce_scatter_tensor_coalesced: ", outputs.size(), " outputs for ",
               inputs.size(), " inputs");
-  {
-    std::lock_guard lock(collectMutex_);
-    collections_.emplace_back();
-  }
-  try {
+  return collected([&] {
     for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
-  } catch (...) {
-    closeCollection();
-    throw;
-  }
-  return combine(closeCollection());
+  });
 }
 #endif
 

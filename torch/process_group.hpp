@@ -128,6 +128,8 @@ class BackendRdmacc final : public BackendBase {
   };
   std::vector<Member> closeCollection();
   c10::intrusive_ptr<c10d::Work> combine(std::vector<Member> members);
+  template <typename F>
+  c10::intrusive_ptr<c10d::Work> collected(F&& issue);
 
   std::shared_ptr<rdmacc::VerbsBackend> backend_;
   std::mutex collectMutex_;
