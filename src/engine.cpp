@@ -550,6 +550,12 @@ struct Engine::Impl {
                 "and RDMACC_SLOT_BYTES; anything else is a bug or a stranger on the network"});
   }
 
+  // A slot of the peer's handed back (checked by wire::): ours to write again.
+  static void credited(PeerState& p, int slot) {
+    p.ledger.credited(slot);
+    p.freeRemote.push_back(slot);
+  }
+
   void onReceive(int peer, size_t laneIndex, const wire::Completion& completion, uint64_t wrId) {
     PeerState& p = peers[static_cast<size_t>(peer)];
     if (int rc = verbs::postEmptyRecvs(p.lanes[laneIndex].qp, wrId, 1); rc != 0) {
@@ -562,10 +568,7 @@ struct Engine::Impl {
       throw protocolViolation(peer, *bad);
     }
     if (arrival.credit) {
-      credits::forEach(completion.imm, [&](int slot) {
-        p.ledger.credited(slot);
-        p.freeRemote.push_back(slot);
-      });
+      credits::forEach(completion.imm, [&](int slot) { credited(p, slot); });
       return;
     }
     const int slot = arrival.slot;
@@ -575,11 +578,7 @@ struct Engine::Impl {
       throw protocolViolation(peer, wire::Violation{fmt::format("{} (slot {})", bad->what, slot)});
     }
     p.ledger.arrived(slot);
-    for (uint64_t m = in.header.credits; m != 0; m &= m - 1) {
-      const int credited = std::countr_zero(m);
-      p.ledger.credited(credited);
-      p.freeRemote.push_back(credited);
-    }
+    for (uint64_t m = in.header.credits; m != 0; m &= m - 1) credited(p, std::countr_zero(m));
     if (in.header.kind == MessageKind::Advert) {
       const Header& h = in.header;
       release(peer, slot);
@@ -1549,35 +1548,22 @@ Engine::Engine(Mesh& mesh, Store& store, EngineOptions options)
     if (peer == s.rank) continue;
     const std::string key = fmt::format("slots/{}", peer);
     const std::string text = toString(group.get(key));
-    std::vector<std::string> fields;
-    for (size_t at = 0;;) {
-      size_t colon = text.find(':', at);
-      fields.push_back(text.substr(at, colon - at));
-      if (colon == std::string::npos) break;
-      at = colon + 1;
-    }
+    const auto fields = splitFields(text, ':');
     if (fields.size() != 4) {
       throw Error(ErrorKind::Protocol,
                   fmt::format("rank {} published malformed slot information '{}'", peer, text));
     }
-    const uint64_t base = storeNumber(toBytes(fields[0]), UINT64_MAX, key);
-    const auto slots = static_cast<int>(storeNumber(toBytes(fields[1]), INT32_MAX, key));
-    const size_t slotBytes = storeNumber(toBytes(fields[2]), SIZE_MAX, key);
+    const uint64_t base = storeNumber(fields[0], UINT64_MAX, key);
+    const auto slots = static_cast<int>(storeNumber(fields[1], INT32_MAX, key));
+    const size_t slotBytes = storeNumber(fields[2], SIZE_MAX, key);
     // Our rkey in the peer's list: its peers in rank order, without itself.
     const size_t mine = Impl::peerIndex(peer, s.rank);
-    std::string rkeyText;
-    size_t index = 0;
-    for (size_t at = 0;; ++index) {
-      size_t comma = fields[3].find(',', at);
-      if (index == mine) rkeyText = fields[3].substr(at, comma - at);
-      if (comma == std::string::npos) break;
-      at = comma + 1;
-    }
-    if (index + 1 != static_cast<size_t>(s.size - 1)) {
+    const auto peerRkeys = splitFields(fields[3], ',');
+    if (peerRkeys.size() != static_cast<size_t>(s.size - 1)) {
       throw Error(ErrorKind::Protocol, fmt::format("rank {} published {} rkeys for a group of {}",
-                                                   peer, index + 1, s.size));
+                                                   peer, peerRkeys.size(), s.size));
     }
-    const auto rkey = static_cast<uint32_t>(storeNumber(toBytes(rkeyText), UINT32_MAX, key));
+    const auto rkey = static_cast<uint32_t>(storeNumber(peerRkeys[mine], UINT32_MAX, key));
     if (slots != options.slotsPerPeer || slotBytes != options.slotBytes) {
       throw Error(ErrorInfo{
           .kind = ErrorKind::InvalidArgument,

@@ -134,7 +134,8 @@ struct Mesh::Setup {
         throw Error(ErrorKind::Protocol,
                     fmt::format("rank {} published a malformed address '{}'", peer, text));
       }
-      auto port = static_cast<uint16_t>(storeNumber(toBytes(text.substr(colon + 1)), 65535, key));
+      auto port =
+          static_cast<uint16_t>(storeNumber(std::string_view(text).substr(colon + 1), 65535, key));
       if (port == 0) {
         throw Error(ErrorKind::Protocol,
                     fmt::format("rank {} published the address '{}' with port 0", peer, text));

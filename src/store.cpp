@@ -38,6 +38,9 @@ std::vector<std::string> missingKeys(const std::map<std::string, Bytes>& data,
   return out;
 }
 
+namespace {
+
+// The integer held by a counter key (c10d stores counters as decimal text).
 int64_t counterValue(const Bytes& value, const std::string& key) {
   int64_t v = 0;
   std::string text = toString(value);
@@ -54,6 +57,8 @@ int64_t counterValue(const Bytes& value, const std::string& key) {
   return v;
 }
 
+}  // namespace
+
 int64_t counterAdd(const Bytes* current, int64_t delta, const std::string& key) {
   const int64_t v = current == nullptr ? 0 : counterValue(*current, key);
   int64_t sum = 0;
@@ -66,13 +71,26 @@ int64_t counterAdd(const Bytes* current, int64_t delta, const std::string& key) 
 }
 
 uint64_t storeNumber(const Bytes& value, uint64_t max, const std::string& key) {
-  const std::string text = toString(value);
+  return storeNumber(toString(value), max, key);
+}
+
+std::vector<std::string_view> splitFields(std::string_view text, char separator) {
+  std::vector<std::string_view> fields;
+  for (size_t at = 0;;) {
+    const size_t end = text.find(separator, at);
+    fields.push_back(text.substr(at, end - at));
+    if (end == std::string_view::npos) return fields;
+    at = end + 1;
+  }
+}
+
+uint64_t storeNumber(std::string_view text, uint64_t max, const std::string& key) {
   uint64_t v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v > max) {
     throw Error(ErrorKind::Protocol,
-                fmt::format("the store's key '{}' holds '{}', not a number up to {}", key,
-                            text.size() > 64 ? text.substr(0, 64) + "..." : text, max),
+                fmt::format("the store's key '{}' holds '{}{}', not a number up to {}", key,
+                            text.substr(0, 64), text.size() > 64 ? "..." : "", max),
                 "every rank must run the same rdmacc version; is another job using this store?");
   }
   return v;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rdmacc/error.hpp"
@@ -17,14 +18,15 @@ Error storeTimeout(const char* what, const std::vector<std::string>& missing,
 // The keys of `keys` that `data` lacks, in order.
 std::vector<std::string> missingKeys(const std::map<std::string, Bytes>& data,
                                      const std::vector<std::string>& keys);
-// The integer held by a counter key (c10d stores counters as decimal text).
-int64_t counterValue(const Bytes& value, const std::string& key);
 // add(): the counter's new value (current null: the key is new), in checked
 // arithmetic: Error(Store) when it is not an integer or would overflow int64.
 int64_t counterAdd(const Bytes* current, int64_t delta, const std::string& key);
 // A decimal number another rank published in the store (a port, a token, a
 // sequence number): Error(Protocol) naming the key and what it holds unless
 // it is all digits and at most `max`.
+uint64_t storeNumber(std::string_view text, uint64_t max, const std::string& key);
 uint64_t storeNumber(const Bytes& value, uint64_t max, const std::string& key);
+// The fields of a value another rank published ("a:b:c"), empty ones included.
+std::vector<std::string_view> splitFields(std::string_view text, char separator);
 
 }  // namespace rdmacc

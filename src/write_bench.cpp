@@ -177,9 +177,9 @@ WriteBench::WriteBench(std::shared_ptr<Store> store, int rank, int size, const C
     throw Error(ErrorKind::Protocol,
                 fmt::format("rank {} published '{}' as {}", s.peer, peerMr, key));
   }
-  s.peerAddr = storeNumber(toBytes(peerMr.substr(0, colon)), UINT64_MAX, key);
-  s.peerRkey =
-      static_cast<uint32_t>(storeNumber(toBytes(peerMr.substr(colon + 1)), UINT32_MAX, key));
+  s.peerAddr = storeNumber(std::string_view(peerMr).substr(0, colon), UINT64_MAX, key);
+  s.peerRkey = static_cast<uint32_t>(
+      storeNumber(std::string_view(peerMr).substr(colon + 1), UINT32_MAX, key));
 }
 
 WriteBench::~WriteBench() = default;
