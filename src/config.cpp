@@ -40,6 +40,13 @@ constexpr std::array kOptions = {
     "traffic class (DSCP << 2) of RoCE packets", 0, 255},
   OptionSpec{"RDMACC_IB_SL", Int, "0", "",
     "InfiniBand service level", 0, 15},
+  OptionSpec{"RDMACC_TRANSPORT", String, "auto", "",
+    "how peers are reached: auto (shared memory to the ranks on this host, RDMA to the others; a group "
+    "on one host needs no RDMA device), rdma (every peer through the NIC, also on this host), shm "
+    "(shared memory only: every rank must be on this host); the same on every rank", 0, 0},
+  OptionSpec{"RDMACC_HOST_ID", String, "", "",
+    "overrides which ranks count as one host for shared memory (default: hostname, boot id and "
+    "namespaces); ranks with equal values share memory (tests that pretend to be several hosts)", 0, 0},
   OptionSpec{"RDMACC_QPS_PER_PEER", Int, "1", "",
     "reliable-connected queue pairs per peer; collective chunks are striped over them (point-to-point "
     "messages keep to the first)", 1, 16},
@@ -123,6 +130,11 @@ void validate(const OptionSpec& spec, const std::string& text) {
       break;
     case String:
       if (spec.name == "RDMACC_LOG_LEVEL") parseLogLevel(text);
+      if (spec.name == "RDMACC_TRANSPORT" && text != "auto" && text != "rdma" && text != "shm") {
+        throw Error(ErrorKind::InvalidArgument,
+                    fmt::format("RDMACC_TRANSPORT='{}' is not auto, rdma or shm", text),
+                    "set RDMACC_TRANSPORT to auto (the default), rdma or shm");
+      }
       if (spec.name == "RDMACC_SPIN_YIELD" && text != "auto" && text != "0" && text != "1") {
         throw Error(ErrorKind::InvalidArgument,
                     fmt::format("RDMACC_SPIN_YIELD='{}' is not auto, 0 or 1", text),

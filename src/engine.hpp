@@ -1,8 +1,11 @@
-// The progress engine: the only thread that posts to the queue pairs and
-// polls the completion queue. It moves data with RDMA WRITE_WITH_IMM into
-// per-peer staging slots under credit-based flow control, executes collective
-// schedules in submission order and point-to-point operations alongside, and
-// turns completions, peer disconnects and timeouts into Work status.
+// The progress engine: executes collective schedules in submission order and
+// point-to-point operations alongside, over a transport (RDMA: WRITE_WITH_IMM
+// into per-peer staging slots under credit-based flow control), and turns
+// arrivals, peer disconnects and timeouts into Work status. Its parts, each in
+// its own file: wire (the header and its validation), transport /
+// rdma_transport (moving one message), matching (inbox and adverts), active
+// and executor (running an operation), progress (who drives and when), and
+// engine.cpp (intake, admission, completion, failure).
 #pragma once
 
 #include <array>
@@ -81,8 +84,13 @@ struct Operation {
 
 struct EngineOptions {
   std::string group;
+  int rank = 0;
+  int size = 1;
+  // By rank: the peers reached through shared memory (shm_transport.hpp);
+  // the others through the mesh. Empty: every peer through the mesh.
+  std::vector<bool> sharedMemoryPeers;
   int slotsPerPeer = 16;
-  size_t slotBytes = 0;  // 0: autoSlotBytes(world size, slotsPerPeer)
+  size_t slotBytes = 0;  // 0: autoSlotBytes(world size, slotsPerPeer) (rdma_transport.hpp)
   // Collectives run at once (RDMACC_COLLECTIVES_IN_FLIGHT): the oldest, and
   // later ones whose buffers are independent of every earlier one's.
   size_t collectivesInFlight = 8;
@@ -99,19 +107,14 @@ struct EngineOptions {
   size_t zeroCopyMinBytes = 16384;
 };
 
-// The staging slot size when none is configured: large slots (fewer, larger
-// RDMA writes and a deeper window per peer) as long as both slot regions
-// (2 x (worldSize - 1) x slotsPerPeer x bytes) fit in 32 MiB; a power of two
-// from 256 KiB down to 16 KiB. The same on every rank of a group.
-size_t autoSlotBytes(int worldSize, int slotsPerPeer);
-
 // Threading: submit() and abort() from any thread; everything else belongs to
 // the engine's own thread.
 class Engine {
  public:
-  // Registers the slot regions and exchanges them with the peers through the
-  // store; throws Error when that fails.
-  Engine(Mesh& mesh, Store& store, EngineOptions options);
+  // Sets up the transports (the slot regions, exchanged with the peers
+  // through the store); throws Error when that fails. `mesh` may be null when
+  // every peer is reached through shared memory.
+  Engine(Mesh* mesh, Store& store, EngineOptions options);
   ~Engine();  // fails what is still pending with Error(Aborted), then stops
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -17,6 +17,7 @@
 #include "src/algorithms/algorithms.hpp"
 #include "src/arguments.hpp"
 #include "src/engine.hpp"
+#include "src/host_identity.hpp"
 #include "src/mesh.hpp"
 #include "src/reduce.hpp"
 #include "src/registration_cache.hpp"
@@ -29,16 +30,15 @@ namespace {
 // RDMACC_SPIN_YIELD: auto yields when this host runs more of the group's ranks
 // than this process may use CPUs (each spinning rank would otherwise hold a
 // CPU the rank it waits for needs).
-bool spinYield(const std::string& setting, const Mesh& mesh) {
+bool spinYield(const std::string& setting, int rank, int local) {
   if (setting != "auto") return setting == "1";
   cpu_set_t set;
   CPU_ZERO(&set);
   int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0
                  ? CPU_COUNT(&set)
                  : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-  int local = mesh.ranksOnThisAddress();
   bool yield = local > cpus;
-  log(LogLevel::Info, "rank {}: {} ranks on this address, {} CPUs: {}", mesh.rank(), local, cpus,
+  log(LogLevel::Info, "rank {}: {} ranks on this host, {} CPUs: {}", rank, local, cpus,
       yield ? "spinning yields the CPU" : "pure spinning");
   return yield;
 }
@@ -421,28 +421,51 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
     s.tuning = TuningTable::load(file);
   }
   if (!s.store) invalid("VerbsBackend needs a store", "pass a TCPStore, FileStore or HashStore");
-  s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config,
-                                  MeshOptions{.group = options.groupName});
-  s.registrations = std::make_unique<RegistrationCache>(
-      [pd = s.mesh->pd()](uintptr_t begin, size_t length) {
-        // Remote write: peers write large receives straight into it.
-        std::shared_ptr<ibv_mr> mr = verbs::registerMemory(pd, reinterpret_cast<void*>(begin),
-                                                           length, verbs::kRemoteWriteAccess);
-        return Registration{.begin = begin,
-                            .end = begin + length,
-                            .lkey = mr->lkey,
-                            .rkey = mr->rkey,
-                            .owner = std::move(mr)};
-      },
-      // Exactly [ptr, ptr + bytes): with whole pages, the heap bytes next to a
-      // registered tensor would be remotely writable too.
-      s.config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);
-  const bool yield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"), *s.mesh);
+  // Shared memory to the ranks on this host, RDMA to the others
+  // (RDMACC_TRANSPORT=auto); the mesh only when some peer needs RDMA.
+  const std::string& transport = s.config.getString("RDMACC_TRANSPORT");
+  const auto local = sameHost(*s.store, options.groupName, rank, size,
+                              hostIdentity(s.config.getString("RDMACC_HOST_ID")), transport);
+  std::vector<bool> shm(static_cast<size_t>(size), false);
+  std::vector<int> remote;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    shm[static_cast<size_t>(peer)] = transport != "rdma" && local[static_cast<size_t>(peer)];
+    if (!shm[static_cast<size_t>(peer)]) remote.push_back(peer);
+  }
+  if (transport == "shm" && !remote.empty()) {
+    invalid(fmt::format("RDMACC_TRANSPORT=shm, but rank(s) {} are on other hosts",
+                        fmt::join(remote, ", ")),
+            "use RDMACC_TRANSPORT=auto (shared memory inside a host, RDMA between hosts)");
+  }
+  if (!remote.empty() || transport == "rdma") {
+    s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config,
+                                    MeshOptions{.group = options.groupName});
+    s.registrations = std::make_unique<RegistrationCache>(
+        [pd = s.mesh->pd()](uintptr_t begin, size_t length) {
+          // Remote write: peers write large receives straight into it.
+          std::shared_ptr<ibv_mr> mr = verbs::registerMemory(pd, reinterpret_cast<void*>(begin),
+                                                             length, verbs::kRemoteWriteAccess);
+          return Registration{.begin = begin,
+                              .end = begin + length,
+                              .lkey = mr->lkey,
+                              .rkey = mr->rkey,
+                              .owner = std::move(mr)};
+        },
+        // Exactly [ptr, ptr + bytes): with whole pages, the heap bytes next to
+        // a registered tensor would be remotely writable too.
+        s.config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);
+  }
+  const bool yield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"), rank,
+                               static_cast<int>(std::count(local.begin(), local.end(), true)));
   const auto spins = spinTimes(s.config.getString("RDMACC_SPIN_US"), yield);
   s.engine = std::make_unique<Engine>(
-      *s.mesh, *s.store,
+      s.mesh.get(), *s.store,
       EngineOptions{
           .group = options.groupName,
+          .rank = rank,
+          .size = size,
+          .sharedMemoryPeers = shm,
           .slotsPerPeer = static_cast<int>(s.config.getInt("RDMACC_SLOTS_PER_PEER")),
           .slotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SLOT_BYTES")),
           .collectivesInFlight =
@@ -457,12 +480,14 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
 
 VerbsBackend::~VerbsBackend() = default;
 
+// Without RDMA peers there is nothing to register: every transfer is a copy
+// through shared memory anyway.
 void VerbsBackend::registerMemory(void* ptr, size_t bytes) {
-  impl_->registrations->add(ptr, bytes);
+  if (impl_->registrations) impl_->registrations->add(ptr, bytes);
 }
 
 void VerbsBackend::deregisterMemory(void* ptr) {
-  impl_->registrations->remove(ptr);
+  if (impl_->registrations) impl_->registrations->remove(ptr);
 }
 
 size_t VerbsBackend::chunkBytes() const noexcept {

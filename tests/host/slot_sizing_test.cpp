@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "src/engine.hpp"
+#include "src/rdma_transport.hpp"
 
 using namespace rdmacc;
 

@@ -1,0 +1,305 @@
+#include "src/executor.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+#include "src/peer_errors.hpp"
+#include "src/reduce.hpp"
+#include "src/registration_cache.hpp"
+
+namespace rdmacc {
+
+using wire::describe;
+using wire::Header;
+using wire::kDirect;
+using wire::MessageKind;
+
+Executor::Executor(Transport& transport, Matching& matching, const EngineOptions& options,
+                   const std::vector<bool>& dead)
+    : transport_(transport),
+      matching_(matching),
+      options_(options),
+      dead_(dead),
+      chunk_(transport.chunkBytes()) {}
+
+// --------------------------------------------------------- collectives --
+
+void Executor::enterStep(Active& a) {
+  const Operation& op = *a.op;
+  const Step& s = op.steps()[a.step];
+  a.sent.assign(s.sends.size(), 0);
+  a.sentMessages.assign(s.sends.size(), 0);
+  a.received.assign(s.recvs.size(), 0);
+  a.receivedMessages.assign(s.recvs.size(), 0);
+  if (op.avgDivisor <= 1) return;
+  for (const Range& r : s.finalize) {
+    divideBy(op.recvBase + r.offset, r.bytes / elementSize(op.dtype), op.dtype, op.avgDivisor);
+  }
+}
+
+// Copy receives into memory the user registered, of at least
+// zeroCopyMinBytes: the sending peer may write them straight into place.
+// Every schedule keeps what makes this safe at any time after the start
+// (schedule.hpp): a Copy receive's destination is not read or written by this
+// rank before the receive, except by accesses the sender's data depends on.
+void Executor::prepareAdverts(Active& a) {
+  const Operation& op = *a.op;
+  const RegistrationCache* registrations = options_.registrations;
+  // Nothing registered (the common case): no bookkeeping per operation.
+  if (registrations == nullptr || op.recvBase == nullptr || registrations->entries() == 0) return;
+  for (size_t k = 0; k < op.steps().size(); ++k) {
+    const auto& recvs = op.steps()[k].recvs;
+    for (size_t j = 0; j < recvs.size(); ++j) {
+      const RecvSpec& r = recvs[j];
+      if (r.combine != Combine::Copy || r.range.bytes == 0 || !transport_.directWrites(r.peer) ||
+          r.range.bytes < options_.zeroCopyMinBytes || r.range.bytes > UINT32_MAX) {
+        continue;
+      }
+      const uint8_t* dst = op.recvBase + r.range.offset;
+      auto registration = registrations->find(dst, r.range.bytes);
+      if (!registration) continue;
+      if (a.advertised.empty()) {  // the first: the table for every step and receive
+        a.advertised.resize(op.steps().size());
+        for (size_t i = 0; i < op.steps().size(); ++i) {
+          a.advertised[i].assign(op.steps()[i].recvs.size(), 0);
+        }
+      }
+      a.advertised[k][j] = 1;
+      a.advertsToSend.emplace_back(r.peer, Header{.kind = MessageKind::Advert,
+                                                  .opType = static_cast<uint8_t>(op.type),
+                                                  .sequence = static_cast<uint32_t>(op.sequence),
+                                                  .step = static_cast<uint32_t>(k),
+                                                  .check = op.checkValue,
+                                                  .addr = reinterpret_cast<uintptr_t>(dst),
+                                                  .rkey = registration->rkey,
+                                                  .length = static_cast<uint32_t>(r.range.bytes)});
+      a.exposed.push_back(std::move(registration));
+    }
+  }
+}
+
+bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
+  Operation& op = *a.op;
+  bool progress = false;
+  if (!a.started) {
+    for (int peer = 0; peer < static_cast<int>(dead_.size()); ++peer) {
+      if (dead_[static_cast<size_t>(peer)] && needs(a, peer, chunk_)) {
+        throw peerGone(peer, transport_.peerAddress(peer));
+      }
+    }
+    a.started = true;
+    a.deadline = std::chrono::steady_clock::now() + op.timeout;
+    if (logEnabled(LogLevel::Trace))
+      log(LogLevel::Trace, "start {} ({} steps)", op.description(), op.steps().size());
+    if (op.copyIn.bytes > 0 && op.copyIn.to != op.copyIn.from) {
+      std::memmove(op.copyIn.to, op.copyIn.from, op.copyIn.bytes);
+    }
+    if (op.prologue) op.prologue();
+    if (!op.steps().empty()) enterStep(a);
+    prepareAdverts(a);
+    progress = true;
+  }
+  while (a.advertsSent < a.advertsToSend.size()) {
+    auto& [peer, header] = a.advertsToSend[a.advertsSent];
+    if (!transport_.trySend(peer, header, nullptr)) break;
+    ++a.advertsSent;
+    progress = true;
+  }
+  while (a.step < op.steps().size()) {
+    const Step& s = op.steps()[a.step];
+    const Expectation expected{.type = op.type,
+                               .sequence = op.sequence,
+                               .step = a.step,
+                               .check = op.checkValue,
+                               .oldestSequence = oldestSequence};
+    bool complete = true;
+    for (size_t i = 0; i < s.sends.size(); ++i) {
+      const SendSpec& send = s.sends[i];
+      size_t bytes = send.range.bytes;
+      while (a.sentMessages[i] < messages(bytes)) {
+        size_t available = bytes;
+        bool gatesDone = true;
+        for (int g : send.gates) {
+          available = std::min(available, a.received[static_cast<size_t>(g)]);
+          gatesDone = gatesDone && a.receivedMessages[static_cast<size_t>(g)] ==
+                                       messages(s.recvs[static_cast<size_t>(g)].range.bytes);
+        }
+        size_t payload = std::min(chunk_, bytes - a.sent[i]);
+        if (a.sent[i] + payload > available || (payload == 0 && !gatesDone)) break;
+        Header h{.kind = MessageKind::Collective,
+                 .opType = static_cast<uint8_t>(op.type),
+                 .sequence = static_cast<uint32_t>(op.sequence),
+                 .step = static_cast<uint32_t>(a.step),
+                 .payload = static_cast<uint32_t>(payload),
+                 .chunk = static_cast<uint32_t>(a.sentMessages[i]),
+                 .check = op.checkValue};
+        if (!transport_.trySend(send.peer, h, op.sendBase + send.range.offset + a.sent[i],
+                                a.zeroCopy,
+                                matching_.directTarget(expected, send.peer, a.sent[i], payload))) {
+          break;
+        }
+        a.sent[i] += payload;
+        ++a.sentMessages[i];
+        progress = true;
+      }
+      complete = complete && a.sentMessages[i] == messages(bytes);
+    }
+    for (size_t j = 0; j < s.recvs.size(); ++j) {
+      progress |= receive(a, expected, j);
+      complete = complete && a.receivedMessages[j] == messages(s.recvs[j].range.bytes);
+    }
+    if (!complete) return progress;
+    if (a.step + 1 < op.steps().size()) {
+      for (const Range& r : op.steps()[a.step + 1].finalize) {
+        if (a.zeroCopy->overlaps(op.recvBase + r.offset, r.bytes)) return progress;
+      }
+    }
+    ++a.step;
+    if (a.step < op.steps().size()) enterStep(a);
+    progress = true;
+  }
+  // The epilogue may write the buffers, and the caller may reuse them once
+  // the work completes.
+  if (!a.zeroCopy->ranges.empty()) return progress;
+  if (op.epilogue) op.epilogue();
+  a.finished = true;
+  return true;
+}
+
+// The current step's receive j: the chunks that arrived, in order, copied or
+// reduced into place (or already there: direct).
+bool Executor::receive(Active& a, const Expectation& expected, size_t j) {
+  const Operation& op = *a.op;
+  const RecvSpec& recv = op.steps()[a.step].recvs[j];
+  const size_t bytes = recv.range.bytes;
+  bool progress = false;
+  while (a.receivedMessages[j] < messages(bytes)) {
+    if (recv.afterSend >= 0 &&
+        a.sentMessages[static_cast<size_t>(recv.afterSend)] <= a.receivedMessages[j]) {
+      break;  // that chunk is still to be sent from the bytes we would overwrite
+    }
+    size_t payload = std::min(chunk_, bytes - a.received[j]);
+    auto found = matching_.findCollective(expected, recv.peer,
+                                          static_cast<uint32_t>(a.receivedMessages[j]), payload);
+    if (!found) break;
+    Matching::It in = *found;
+    uint8_t* dst = op.recvBase + recv.range.offset + a.received[j];
+    if (in->header.flags & kDirect) {  // the payload is already in place
+      if (a.advertised.empty() || !a.advertised[a.step][j]) {
+        throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                              .message = fmt::format("rank {} wrote {} directly, but this rank did "
+                                                     "not advertise that receive",
+                                                     recv.peer, describe(in->header)),
+                              .peerRank = recv.peer,
+                              .hint = "every rank must run the same rdmacc version"});
+      }
+    } else {
+      if (a.zeroCopy->overlaps(dst, payload)) break;  // a write still reads these bytes
+      const uint8_t* src = matching_.payload(recv.peer, *in);
+      if (recv.combine == Combine::Copy) {
+        if (payload > 0) std::memcpy(dst, src, payload);
+      } else {
+        reduceInto(dst, src, payload / elementSize(op.dtype), op.dtype, op.reduceOp);
+      }
+    }
+    matching_.consume(recv.peer, in);
+    a.received[j] += payload;
+    ++a.receivedMessages[j];
+    progress = true;
+  }
+  return progress;
+}
+
+// ------------------------------------------------------ point to point --
+
+bool Executor::advanceSend(Active& a) {
+  Operation& op = *a.op;
+  bool progress = false;
+  while (a.chunks < messages(op.bytes)) {
+    size_t payload = std::min(chunk_, op.bytes - a.done);
+    Header h{.kind = MessageKind::PointToPoint,
+             .sequence = op.tag,
+             .step = a.chunks,
+             .payload = static_cast<uint32_t>(payload),
+             .check = op.bytes};
+    if (!transport_.trySend(op.peer, h, op.buffer + a.done, a.zeroCopy)) break;
+    a.done += payload;
+    ++a.chunks;
+    progress = true;
+  }
+  return progress;
+}
+
+bool Executor::advanceRecv(Active& a) {
+  Operation& op = *a.op;
+  bool progress = false;
+  while (a.chunks < messages(op.bytes)) {
+    auto match = matching_.findPointToPoint(a.source, op.tag, a.chunks);
+    if (!match) break;
+    const int from = match->peer;
+    const Header& h = match->it->header;
+    if (h.check != op.bytes) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::InvalidArgument,
+          .message =
+              fmt::format("rank {} sent {} bytes with tag {}, but the receive expects {} bytes",
+                          from, h.check, op.tag, op.bytes),
+          .peerRank = from,
+          .hint = "the tensors of a send and its matching recv must have the same size and dtype"});
+    }
+    if (auto bad = wire::checkPointToPointChunk(h, op.bytes, a.done, chunk_)) {
+      throw protocolViolation(from, transport_.peerAddress(from), *bad);
+    }
+    size_t payload = h.payload;
+    if (payload > 0) std::memcpy(op.buffer + a.done, matching_.payload(from, *match->it), payload);
+    matching_.consume(from, match->it);
+    a.source = from;
+    a.done += payload;
+    ++a.chunks;
+    progress = true;
+  }
+  return progress;
+}
+
+bool Executor::advancePointToPoint(std::vector<std::unique_ptr<Active>>& ops, ActivePool& pool) {
+  if (ops.empty()) return false;
+  bool progress = false;
+  streaming_.assign(dead_.size(), 0);  // one send per peer at a time
+  for (auto it = ops.begin(); it != ops.end();) {
+    Active& a = **it;
+    Operation& op = *a.op;
+    if (!a.started) {
+      if (op.peer >= 0 && dead_[static_cast<size_t>(op.peer)]) {
+        throw peerGone(op.peer, transport_.peerAddress(op.peer));
+      }
+      a.started = true;
+      a.deadline = std::chrono::steady_clock::now() + op.timeout;
+      if (op.peer >= 0) a.source = op.peer;
+    }
+    if (op.isSend) {
+      if (streaming_[static_cast<size_t>(op.peer)]) {
+        ++it;
+        continue;
+      }
+      streaming_[static_cast<size_t>(op.peer)] = true;
+      progress |= advanceSend(a);
+    } else {
+      progress |= advanceRecv(a);
+    }
+    if (a.chunks == messages(op.bytes) && a.zeroCopy->ranges.empty()) {
+      op.work->finish(nullptr, a.source);
+      pool.give(std::move(*it));
+      it = ops.erase(it);
+      progress = true;
+    } else {
+      ++it;
+    }
+  }
+  return progress;
+}
+
+}  // namespace rdmacc

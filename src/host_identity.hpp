@@ -1,0 +1,28 @@
+// Which ranks of a group share a host, in the sense that matters for shared
+// memory: the same running kernel (boot id), the same mount namespace
+// (/dev/shm), network namespace (the abstract wake-up sockets) and pid
+// namespace (watching a peer's process). Decided through the store: every
+// rank publishes its identity and reads the others'.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "rdmacc/store.hpp"
+
+namespace rdmacc {
+
+// This process's identity: "hostname/boot-id/mnt:[..]/net:[..]/pid:[..]", or
+// `override` when it is not empty (RDMACC_HOST_ID: tests that pretend ranks
+// of one machine are on several hosts).
+std::string hostIdentity(const std::string& override);
+
+// By rank: whether that rank has this rank's identity (this rank included).
+// Publishes this rank's identity and transport choice (RDMACC_TRANSPORT)
+// under the group's name and waits for every rank's; throws
+// Error(InvalidArgument) naming a rank whose transport choice differs (the
+// ranks would wait for connections the others never make).
+std::vector<bool> sameHost(Store& store, const std::string& group, int rank, int size,
+                           const std::string& identity, const std::string& transport);
+
+}  // namespace rdmacc

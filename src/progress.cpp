@@ -1,0 +1,198 @@
+#include "src/progress.hpp"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+
+namespace rdmacc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// After a waiting caller got its work done, the engine thread stays parked
+// this long: a caller waiting on operations back to back keeps driving them
+// alone, without the engine thread competing for the lock and the CPU.
+constexpr auto kDriverLinger = std::chrono::microseconds(1000);
+
+}  // namespace
+
+Progress::Progress(Transport& transport, Steppable& engine, const EngineOptions& options)
+    : transport_(transport),
+      engine_(engine),
+      spin_(options.spin),
+      spinLatencyBound_(options.spinLatencyBound),
+      spinYield_(options.spinYield),
+      wakeFd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  if (!wakeFd_) {
+    throw errnoError(ErrorKind::Internal, "eventfd", errno, "starting the progress engine");
+  }
+}
+
+Progress::~Progress() {
+  join();
+}
+
+void Progress::start() {
+  thread_ = std::jthread([this](std::stop_token st) { run(st); });
+}
+
+void Progress::stopDrivers() {
+  {
+    std::lock_guard lock(mutex_);
+    stopped_ = true;
+  }
+  wake();  // a sleeping one too
+}
+
+void Progress::join() {
+  if (!thread_.joinable()) return;
+  thread_.request_stop();
+  wake();
+  thread_.join();
+}
+
+void Progress::wake() {
+  uint64_t one = 1;
+  ssize_t ignored = ::write(wakeFd_.get(), &one, sizeof one);
+  (void)ignored;
+}
+
+// Blocks until a transport event, a submission or maxWait; the engine thread
+// (mayIdle) without pending work until one of the events. Drivers use it too.
+void Progress::sleep(std::chrono::microseconds maxWait, bool mayIdle) {
+  sleepers_.fetch_add(1);  // seq_cst: pairs with the submitter's store and load
+  struct Awake {
+    std::atomic<int>& count;
+    ~Awake() { count.fetch_sub(1); }
+  } awake{sleepers_};
+  if (pending_.load()) return;
+  bool idle = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopped_) return;
+    transport_.arm();
+    if (engine_.step()) {  // a completion may have landed before the arm
+      transport_.disarm();
+      return;
+    }
+    idle = mayIdle && engine_.idle();
+  }
+  waitForEvents(/*events=*/true,
+                idle ? std::nullopt : std::optional<std::chrono::microseconds>(maxWait));
+  std::lock_guard lock(mutex_);
+  transport_.consumeEvents();
+}
+
+// Blocks until a wake-up (eventfd), with `events` also a transport event, or
+// `limit`; consumes the wake-up.
+void Progress::waitForEvents(bool events, std::optional<std::chrono::microseconds> limit) {
+  const auto fds = transport_.eventFds();
+  std::array<pollfd, 4> polled{{{wakeFd_.get(), POLLIN, 0}}};
+  nfds_t count = 1;
+  for (int fd : fds) {
+    if (events && fd >= 0) polled[count++] = pollfd{fd, POLLIN, 0};
+  }
+  timespec ts{};
+  if (limit) {
+    ts.tv_sec = limit->count() / 1000000;
+    ts.tv_nsec = limit->count() % 1000000 * 1000;
+  }
+  if (::ppoll(polled.data(), count, limit ? &ts : nullptr, nullptr) > 0 &&
+      (polled[0].revents & POLLIN)) {
+    uint64_t v = 0;
+    ssize_t ignored = ::read(wakeFd_.get(), &v, sizeof v);
+    (void)ignored;
+  }
+}
+
+// Polling while things move or for the spin time, then sleeping on the
+// completion channel (with pending work, deadlines are checked at least every
+// kSleepSlice).
+void Progress::drive(const Work& work, Clock::time_point until) {
+  drivers_.fetch_add(1);
+  auto lastProgress = Clock::now();
+  bool completed = false;
+  while (!(completed = work.isCompleted())) {
+    bool progress = false;
+    {
+      std::unique_lock lock(mutex_, std::try_to_lock);
+      if (lock.owns_lock()) {
+        if (stopped_) break;
+        progress = engine_.step();
+      }
+    }
+    auto now = Clock::now();
+    if (now >= until) break;
+    if (progress) {
+      lastProgress = now;
+    } else if (now - lastProgress > spinTime()) {
+      sleep(std::chrono::duration_cast<std::chrono::microseconds>(
+                std::min<Clock::duration>(until - now, kSleepSlice)),
+            /*mayIdle=*/false);
+      lastProgress = Clock::now();
+    } else if (spinYield_) {
+      sched_yield();
+    }
+  }
+  driverLeft_.store(completed ? Clock::now().time_since_epoch().count() : 0);
+  drivers_.fetch_sub(1);
+  if (!completed) wake();  // the engine thread takes over at once
+}
+
+std::chrono::microseconds Progress::spinTime() const {
+  return latencyBound_.load(std::memory_order_relaxed) ? spinLatencyBound_ : spin_;
+}
+
+// How long the engine thread stays out of the way of drivers.
+std::chrono::microseconds Progress::driverPause() const {
+  using std::chrono::microseconds;
+  // A driver that leaves without its work done wakes the engine thread.
+  if (drivers_.load() > 0) return std::chrono::duration_cast<microseconds>(kSleepSlice);
+  Clock::rep left = driverLeft_.load();
+  if (left == 0) return microseconds(0);
+  auto since = Clock::now() - Clock::time_point(Clock::duration(left));
+  if (since >= kDriverLinger) return microseconds(0);
+  return std::chrono::duration_cast<microseconds>(kDriverLinger - since) + microseconds(1);
+}
+
+void Progress::run(const std::stop_token& stop) {
+  auto lastProgress = Clock::now();
+  while (!stop.stop_requested()) {
+    if (auto pause = driverPause(); pause.count() > 0) {
+      // While drivers make progress: wait for a wake-up or the pause.
+      waitForEvents(/*events=*/false, pause);
+      lastProgress = Clock::now();
+      continue;
+    }
+    bool progress = false;
+    {
+      std::lock_guard lock(mutex_);
+      progress = engine_.step();
+    }
+    auto now = Clock::now();
+    if (progress) {
+      lastProgress = now;
+      continue;
+    }
+    if (now - lastProgress < spinTime()) {
+      if (spinYield_) sched_yield();
+      continue;
+    }
+    try {
+      sleep(kSleepSlice, /*mayIdle=*/true);
+    } catch (const std::exception& e) {
+      log(LogLevel::Error, "progress engine: {}", e.what());
+    }
+  }
+  std::lock_guard lock(mutex_);
+  engine_.stopping();
+}
+
+}  // namespace rdmacc

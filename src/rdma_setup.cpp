@@ -1,0 +1,122 @@
+#include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "src/rdma_transport.hpp"
+#include "src/rdma_transport_impl.hpp"
+#include "src/store_util.hpp"
+#include "verbs/error.hpp"
+
+namespace rdmacc {
+
+size_t autoSlotBytes(int worldSize, int slotsPerPeer) {
+  constexpr size_t kBudget = size_t{32} << 20;  // both regions together
+  constexpr size_t kMin = size_t{16} << 10;
+  size_t bytes = size_t{256} << 10;
+  size_t perSlotOfEveryPeer = 2 * static_cast<size_t>(std::max(worldSize - 1, 1)) *
+                              static_cast<size_t>(std::max(slotsPerPeer, 1));
+  while (bytes > kMin && bytes * perSlotOfEveryPeer > kBudget) bytes /= 2;
+  return bytes;
+}
+
+std::unique_ptr<Transport> makeRdmaTransport(Mesh& mesh, Store& store,
+                                             const EngineOptions& options) {
+  return std::make_unique<rdma::RdmaTransport>(mesh, store, options);
+}
+
+namespace rdma {
+
+using wire::kHeaderBytes;
+
+RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const EngineOptions& options)
+    : mesh_(mesh),
+      registrations_(options.registrations),
+      zeroCopyMinBytes_(options.zeroCopyMinBytes),
+      rank_(mesh.rank()),
+      size_(mesh.size()),
+      slotsPerPeer_(options.slotsPerPeer),
+      slotBytes_(options.slotBytes == 0 ? autoSlotBytes(size_, slotsPerPeer_) : options.slotBytes) {
+  const auto recvDepth = mesh.qpParams().recvDepth;
+  const auto sendDepth = mesh.qpParams().sendDepth;
+  if (static_cast<uint32_t>(2 * slotsPerPeer_ + 4) > std::min(recvDepth, sendDepth)) {
+    throw Error(
+        ErrorKind::InvalidArgument,
+        fmt::format("{} slots per peer need queue depths of at least {} (send {}, receive {})",
+                    slotsPerPeer_, 2 * slotsPerPeer_ + 4, sendDepth, recvDepth),
+        "raise RDMACC_QP_SEND_DEPTH/RDMACC_QP_RECV_DEPTH or lower RDMACC_SLOTS_PER_PEER");
+  }
+  chunk_ = slotBytes_ - kHeaderBytes;
+  // A group of one has no peers; its regions are a token slot.
+  size_t region =
+      size_ == 1 ? slotBytes_
+                 : static_cast<size_t>(size_ - 1) * static_cast<size_t>(slotsPerPeer_) * slotBytes_;
+  recvRegion_ = PageBuffer(region);
+  stagingRegion_ = PageBuffer(region);
+  stagingMr_ =
+      verbs::registerMemory(mesh.pd(), stagingRegion_.data(), region, IBV_ACCESS_LOCAL_WRITE);
+  connect(store, options.group);
+}
+
+// Publishes "base:slots:slotBytes:rkey,rkey,..." (one rkey per peer, in rank
+// order without this rank) and sets up every peer from what it published.
+void RdmaTransport::connect(Store& store, const std::string& groupName) {
+  const size_t perPeer = static_cast<size_t>(slotsPerPeer_) * slotBytes_;
+  std::string rkeys;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    recvMrs_.push_back(verbs::registerMemory(mesh_.pd(), recvRegion_.data() + slotOffset(p, 0),
+                                             perPeer, verbs::kRemoteWriteAccess));
+    rkeys += fmt::format("{}{}", rkeys.empty() ? "" : ",", recvMrs_.back()->rkey);
+  }
+  PrefixStore group("rdmacc/engine/" + groupName, std::shared_ptr<Store>(&store, [](Store*) {}));
+  group.set(fmt::format("slots/{}", rank_),
+            toBytes(fmt::format("{}:{}:{}:{}", reinterpret_cast<uintptr_t>(recvRegion_.data()),
+                                slotsPerPeer_, slotBytes_, rkeys)));
+  peers_.resize(static_cast<size_t>(size_));
+  for (int rank = 0; rank < size_; ++rank) {
+    if (rank == rank_) continue;
+    const std::string key = fmt::format("slots/{}", rank);
+    const std::string text = toString(group.get(key));
+    const auto fields = splitFields(text, ':');
+    if (fields.size() != 4) {
+      throw Error(ErrorKind::Protocol,
+                  fmt::format("rank {} published malformed slot information '{}'", rank, text));
+    }
+    const uint64_t base = storeNumber(fields[0], UINT64_MAX, key);
+    const auto slots = static_cast<int>(storeNumber(fields[1], INT32_MAX, key));
+    const size_t slotBytes = storeNumber(fields[2], SIZE_MAX, key);
+    // Our rkey in the peer's list: its peers in rank order, without itself.
+    const size_t mine = peerIndex(rank, rank_);
+    const auto peerRkeys = splitFields(fields[3], ',');
+    if (peerRkeys.size() != static_cast<size_t>(size_ - 1)) {
+      throw Error(ErrorKind::Protocol, fmt::format("rank {} published {} rkeys for a group of {}",
+                                                   rank, peerRkeys.size(), size_));
+    }
+    const auto rkey = static_cast<uint32_t>(storeNumber(peerRkeys[mine], UINT32_MAX, key));
+    if (slots != slotsPerPeer_ || slotBytes != slotBytes_) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::InvalidArgument,
+          .message = fmt::format("rank {} uses {} slots of {} bytes, this rank {} of {}", rank,
+                                 slots, slotBytes, slotsPerPeer_, slotBytes_),
+          .peerRank = rank,
+          .hint = "set RDMACC_SLOTS_PER_PEER and RDMACC_SLOT_BYTES the same on every rank"});
+    }
+    PeerState& p = peer(rank);
+    p.lanes.resize(static_cast<size_t>(mesh_.qpsPerPeer()));
+    for (size_t i = 0; i < p.lanes.size(); ++i) {
+      p.lanes[i].qp = mesh_.qp(rank, static_cast<int>(i));
+      p.lanes[i].maxInline = verbs::maxInlineData(p.lanes[i].qp);
+    }
+    p.remoteBase = base + mine * static_cast<uint64_t>(slots) * slotBytes;
+    p.rkey = rkey;
+    p.window = SlotWindow(slots);
+    for (int i = 0; i < slots; ++i) p.freeStaging.push_back(slots - 1 - i);
+    p.slotWrites.resize(static_cast<size_t>(slots));
+    for (Lane& lane : p.lanes) lane.posted.reserve(mesh_.qpParams().sendDepth);
+  }
+}
+
+}  // namespace rdma
+}  // namespace rdmacc

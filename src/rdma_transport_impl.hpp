@@ -1,0 +1,144 @@
+// The RDMA transport's state, shared by its data path (rdma_transport.cpp)
+// and its setup (rdma_setup.cpp). Private to those two files.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/buffer.hpp"
+#include "src/engine.hpp"
+#include "src/mesh.hpp"
+#include "src/ring.hpp"
+#include "src/slot_window.hpp"
+#include "src/transport.hpp"
+#include "src/wire.hpp"
+#include "verbs/qp.hpp"
+
+namespace rdmacc {
+
+struct Registration;
+class RegistrationCache;
+
+namespace rdma {
+
+// What a staging slot's write reads besides the slot (its zero-copy payload).
+struct SlotWrite {
+  std::shared_ptr<const Registration> registration;  // keeps the region registered
+  std::shared_ptr<ZeroCopyWrites> owner;
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
+// One queue pair to a peer. Writes posted and not yet known complete, in
+// posting order: most go unsignaled, and a signaled completion means every
+// write posted before it on the queue pair is complete too (RC order), so it
+// releases them all.
+struct Lane {
+  ibv_qp* qp = nullptr;
+  uint32_t maxInline = 0;  // what the device granted: messages this small go inline
+  struct Posted {
+    int staging = -1;  // -1: no staging slot (credits, fences)
+    bool signaled = false;
+  };
+  Ring<Posted> posted;
+  int unsignaledRun = 0;  // unsignaled writes at the back of `posted`
+  int sendQueueUsed() const { return static_cast<int>(posted.size()); }
+};
+
+struct PeerState {
+  // RDMACC_QPS_PER_PEER lanes: collective chunks go round-robin over all of
+  // them (receivers match chunks by index, so they may overtake each other);
+  // point-to-point messages, credits and aborts keep to lane 0 and its order.
+  std::vector<Lane> lanes;
+  size_t nextLane = 0;
+  uint64_t remoteBase = 0;  // where this rank's slots start in the peer's region
+  uint32_t rkey = 0;
+  SlotWindow window;                  // credits, held slots, arrival checks
+  std::vector<int> freeStaging;       // our staging slots for this peer
+  std::vector<SlotWrite> slotWrites;  // by staging slot: zero-copy payloads in flight
+};
+
+class RdmaTransport final : public Transport {
+ public:
+  RdmaTransport(Mesh& mesh, Store& store, const EngineOptions& options);
+
+  size_t chunkBytes() const noexcept override { return chunk_; }
+  int slotsPerPeer() const noexcept override { return slotsPerPeer_; }
+  const std::string& peerAddress(int peer) const override { return mesh_.peerAddress(peer); }
+  bool trySend(int peer, const wire::Header& header, const uint8_t* data,
+               const std::shared_ptr<ZeroCopyWrites>& owner,
+               std::optional<DirectTarget> direct) override;
+  void reserveCredits(size_t slots) override { creditReserve_ = slots; }
+  const uint8_t* payload(int peer, int slot) const override {
+    return recvRegion_.data() + slotOffset(peer, slot) + wire::kHeaderBytes;
+  }
+  void release(int peer, int slot) override;
+  bool poll(TransportSink& sink) override;
+  bool flushCredits() override;
+  std::vector<int> takeDisconnected() override { return mesh_.takeDisconnectedPeers(); }
+  bool directWrites(int) const override { return true; }
+  void arm() override { mesh_.cq().arm(); }
+  void disarm() override {}
+  std::array<int, 3> eventFds() const override { return {mesh_.cq().fd(), mesh_.eventFd(), -1}; }
+  void consumeEvents() override { mesh_.cq().drainEvents(); }
+  void drain(const std::vector<bool>& dead) override;
+
+ private:
+  // Both regions hold slotsPerPeer slots for every other rank, in rank order
+  // without this one: peerIndex(owner, peer) is where peer's slots sit in
+  // owner's region.
+  static size_t peerIndex(int owner, int peer) {
+    return static_cast<size_t>(peer < owner ? peer : peer - 1);
+  }
+  size_t slotOffset(int peer, int slot) const {
+    return (peerIndex(rank_, peer) * static_cast<size_t>(slotsPerPeer_) +
+            static_cast<size_t>(slot)) *
+           slotBytes_;
+  }
+  uint8_t* stagingSlot(int peer, int slot) {
+    return stagingRegion_.data() + slotOffset(peer, slot);
+  }
+  PeerState& peer(int rank) { return peers_[static_cast<size_t>(rank)]; }
+
+  void connect(Store& store, const std::string& group);
+  int signalRun() const { return std::max(1, slotsPerPeer_ / 4); }
+  bool mustSignal(const PeerState& p, const Lane& lane, bool usesStaging) const;
+  static void posted(Lane& lane, int staging, bool signaled) {
+    lane.posted.push_back({staging, signaled});
+    lane.unsignaledRun = signaled ? 0 : lane.unsignaledRun + 1;
+  }
+  // Whether `entries` more work requests would leave less than one for a fence.
+  bool sendQueueFull(const Lane& lane, int entries = 1) const {
+    return lane.sendQueueUsed() + entries + 1 > static_cast<int>(mesh_.qpParams().sendDepth);
+  }
+  bool flushCredits(int peer);
+  static void writesCompleted(PeerState& p, Lane& lane);
+  void onReceive(TransportSink& sink, int peer, size_t lane, const wire::Completion& completion,
+                 uint64_t wrId);
+
+  Mesh& mesh_;
+  const RegistrationCache* registrations_;
+  size_t zeroCopyMinBytes_;
+  int rank_;
+  int size_;
+  int slotsPerPeer_;
+  size_t slotBytes_;
+  size_t chunk_;
+  PageBuffer recvRegion_;     // [peer][slot] of slotBytes: what peers write into
+  PageBuffer stagingRegion_;  // [peer][slot]: what we write from
+  // One registration of the receive region per peer, over that peer's slots
+  // only: its rkey lets it write those and nothing else of this process.
+  std::vector<verbs::MrPtr> recvMrs_;  // by peerIndex; after the mesh's PD
+  verbs::MrPtr stagingMr_;
+  std::vector<PeerState> peers_;
+  size_t creditReserve_ = 0;
+  uint64_t arrivals_ = 0;
+};
+
+}  // namespace rdma
+}  // namespace rdmacc

@@ -1,0 +1,125 @@
+// The transport interface: how the engine moves one message to a peer and
+// learns what arrived, whatever carries the bytes (RDMA today; shared memory
+// inside a host next). A message is a wire::Header and up to chunkBytes() of
+// payload in one of the receiver's staging slots; the slot stays the
+// receiver's until it releases it, and credits (how many slots of a peer this
+// rank may write) are the transport's own business.
+//
+// Nothing here names a verbs type: the executor, matching and the engine core
+// see only this.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rdmacc/error.hpp"
+#include "src/wire.hpp"
+
+namespace rdmacc {
+
+// An operation's zero-copy writes still in flight: the hardware may still be
+// reading those bytes, so the operation does not write over them (receives,
+// Avg's division, its epilogue) and does not complete until they are done.
+struct ZeroCopyWrites {
+  std::vector<std::pair<const uint8_t*, size_t>> ranges;
+  bool overlaps(const uint8_t* p, size_t n) const {
+    for (const auto& [q, m] : ranges) {
+      if (p < q + m && q < p + n) return true;
+    }
+    return false;
+  }
+  void done(const uint8_t* p, size_t n) {
+    auto it = std::find(ranges.begin(), ranges.end(), std::make_pair(p, n));
+    if (it != ranges.end()) ranges.erase(it);
+  }
+};
+
+// A remote write straight into a peer's advertised destination.
+struct DirectTarget {
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+};
+
+// A message that arrived and passed wire validation. It holds its slot until
+// Transport::release(); `arrival` orders messages of all peers (any-source
+// receives take the oldest).
+struct Incoming {
+  int slot = 0;
+  wire::Header header;
+  uint64_t arrival = 0;
+};
+
+// What the transport reports while it polls.
+class TransportSink {
+ public:
+  // A validated message of any kind but credits (those the transport keeps).
+  virtual void arrived(int peer, const Incoming& in) = 0;
+  // A transfer to or from peer failed; the error names the call and status.
+  virtual void failed(int peer, Error error) = 0;
+
+ protected:
+  ~TransportSink() = default;
+};
+
+// Used by one thread at a time (whoever holds the engine's progress lock).
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Payload bytes per message.
+  virtual size_t chunkBytes() const noexcept = 0;
+  virtual int slotsPerPeer() const noexcept = 0;
+  // "ip:port (GID ...)", for errors.
+  virtual const std::string& peerAddress(int peer) const = 0;
+  // Whether messages to peer can carry direct writes (trySend's `direct`):
+  // worth advertising receives to it. Without, `direct` is ignored and the
+  // payload goes through the slot (the receiver accepts both).
+  virtual bool directWrites(int peer) const = 0;
+
+  // Sends one message: header.payload bytes from `data`. With `zeroCopy`, a
+  // payload in memory the user registered may be sent from there (recorded
+  // in it until the write completed); with `direct`, the payload goes to the
+  // peer's advertised destination and the header after it. False: no slot,
+  // credit or queue entry free now (nothing was sent). Throws Error when the
+  // transfer cannot be posted.
+  virtual bool trySend(int peer, const wire::Header& header, const uint8_t* data,
+                       const std::shared_ptr<ZeroCopyWrites>& zeroCopy = nullptr,
+                       std::optional<DirectTarget> direct = std::nullopt) = 0;
+  // Credits trySend leaves untouched from now on (0: none).
+  virtual void reserveCredits(size_t slots) = 0;
+
+  // The payload of a message that arrived in peer's `slot`.
+  virtual const uint8_t* payload(int peer, int slot) const = 0;
+  // The message in peer's `slot` is consumed: the slot goes back to the peer.
+  virtual void release(int peer, int slot) = 0;
+
+  // Delivers arrivals and failures to `sink`; true when anything happened.
+  virtual bool poll(TransportSink& sink) = 0;
+  // Credits that found no message to ride on go to peers that may be short
+  // of slots; true when any went.
+  virtual bool flushCredits() = 0;
+  // Peers whose connection ended since the last call.
+  virtual std::vector<int> takeDisconnected() = 0;
+
+  // Sleeping: arm() asks for an event on the next arrival; eventFds() are
+  // readable on one (or on a disconnect), -1 for none, the same for the
+  // transport's life; consumeEvents() acknowledges them after a wake-up, and
+  // disarm() withdraws arm() when the thread did not sleep after all.
+  virtual void arm() = 0;
+  virtual void disarm() = 0;
+  virtual std::array<int, 3> eventFds() const = 0;
+  virtual void consumeEvents() = 0;
+
+  // Before the connections go away: lets transfers already posted to the
+  // peers still alive land (bounded wait).
+  virtual void drain(const std::vector<bool>& dead) = 0;
+};
+
+}  // namespace rdmacc
