@@ -182,6 +182,12 @@ class ShmTransport final : public Transport {
   // Free ring entries in peer's lane; throws when the peer corrupted its head.
   uint64_t ringSpace(int to, Peer& p) const;
   void publish(Peer& p, Record r);
+  // Wakes the peer. An extra wake-up costs a poll; one refused because the
+  // socket's buffer is full is not needed (unread ones are there).
+  void ringDoorbell(const Peer& p) const {
+    ::sendto(bell_.get(), "", 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+             reinterpret_cast<const sockaddr*>(&p.doorbell), p.doorbellLength);
+  }
   bool flushCredits(int to);
 
   int rank_;
@@ -327,8 +333,7 @@ ShmTransport::~ShmTransport() {
     head_->departed.store(1);
     for (Peer& p : peers_) {
       if (p.carried) {
-        ::sendto(bell_.get(), "", 1, MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&p.doorbell),
-                 p.doorbellLength);
+        ringDoorbell(p);
       }
     }
   }
@@ -352,8 +357,7 @@ void ShmTransport::publish(Peer& p, Record r) {
   p.out->tail.store(++p.outTail, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (p.head->sleeping.load(std::memory_order_relaxed) != 0) {
-    ::sendto(bell_.get(), "", 1, MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&p.doorbell),
-             p.doorbellLength);
+    ringDoorbell(p);
   }
 }
 

@@ -438,6 +438,9 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
                         fmt::join(remote, ", ")),
             "use RDMACC_TRANSPORT=auto (shared memory inside a host, RDMA between hosts)");
   }
+  log(LogLevel::Info,
+      "rank {}: {} peer(s) through shared memory, {} through RDMA (RDMACC_TRANSPORT={})", rank,
+      std::count(shm.begin(), shm.end(), true), remote.size(), transport);
   if (!remote.empty() || transport == "rdma") {
     s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config,
                                     MeshOptions{.group = options.groupName});
