@@ -10,22 +10,13 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/topology.hpp"
 #include "rdmacc/version.hpp"
+#include "tools/cli.hpp"
 
 namespace {
 
 using namespace rdmacc;
 
 constexpr uint64_t kMemlockWarnBytes = 64ull << 20;
-
-void usage(FILE* out) {
-  fmt::print(
-      out,
-      "usage: rdmacc-info [--config] [--config-markdown]\n"
-      "  (no option)        devices, ports, GIDs, the endpoint rdmacc would use, limits and "
-      "config\n"
-      "  --config           the configuration table with current values and where they come from\n"
-      "  --config-markdown  the table as docs/configuration.md\n");
-}
 
 void printConfig(const Config& config) {
   fmt::print("configuration (explicit options > RDMACC_* environment > defaults):\n");
@@ -106,28 +97,30 @@ int report(const Config& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && std::string_view(argv[1]) == "--version") {
-    std::printf("rdmacc-info %s\n", rdmacc::version());
-    return 0;
-  }
+  CLI::App app(
+      "Devices, ports and GIDs, the endpoint rdmacc would use and why, limits, and the "
+      "configuration. Exit status 1 when a problem was found.",
+      "rdmacc-info");
+  cli::addVersion(app);
+  bool config = false, markdown = false;
+  auto* configFlag = app.add_flag(
+      "--config", config, "only the configuration table, with current values and their sources");
+  app.add_flag("--config-markdown", markdown, "only the table as docs/configuration.md")
+      ->excludes(configFlag);
+  if (auto status = cli::parse(app, argc, argv)) return *status;
   try {
-    std::string mode = argc > 1 ? argv[1] : "";
-    if (argc > 2 || (!mode.empty() && mode != "--config" && mode != "--config-markdown")) {
-      usage(mode == "-h" || mode == "--help" ? stdout : stderr);
-      return mode == "-h" || mode == "--help" ? 0 : 2;
-    }
-    if (mode == "--config-markdown") {
+    if (markdown) {
       printMarkdown();
       return 0;
     }
-    Config config = Config::load();
-    if (mode == "--config") {
-      printConfig(config);
+    Config loaded = Config::load();
+    if (config) {
+      printConfig(loaded);
       return 0;
     }
-    return report(config);
+    return report(loaded);
   } catch (const std::exception& e) {
     fmt::print(stderr, "rdmacc-info: {}\n", e.what());
-    return 1;
+    return cli::kFailed;
   }
 }

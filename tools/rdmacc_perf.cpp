@@ -28,6 +28,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "rdmacc/version.hpp"
+#include "tools/cli.hpp"
 
 namespace {
 
@@ -56,49 +57,6 @@ struct Args {
   bool replot = false;  // only draw --plot from --csv
   bool iterationsGiven = false;
 };
-
-void usage(FILE* out) {
-  fmt::print(
-      out,
-      "usage: rdmacc-perf [-c COLLECTIVE] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-      "                   [-d DTYPE] [-o OP] [-r ROOT] [-a ALGO] [--check] [--json FILE]\n"
-      "                   [--csv FILE] [--plot FILE.png]\n"
-      "Start it with a launcher: rdmacc-run -n 4 -- rdmacc-perf -c allreduce -b 8 -e 16M\n"
-      "  -c  allreduce (default), broadcast, reduce, allgather, reduce_scatter, alltoall, gather,\n"
-      "      scatter, sendrecv, barrier; or write (RDMA WRITE between 2 ranks, like "
-      "ib_write_bw/lat);\n"
-      "      or idle (form the group, then stay idle -n seconds: CPU time per rank, % of a core)\n"
-      "  -b  smallest size in bytes (default 8; suffixes K, M, G)   -e  largest size (default 8M)\n"
-      "  -f  size multiplication factor (default 2)                 -n  iterations per size "
-      "(default 20)\n"
-      "  -w  warm-up iterations (default 5)                         -d  dtype: float (default), "
-      "double,\n"
-      "      half, bfloat16, int8, uint8, int32, int64             -o  sum (default), prod, min, "
-      "max, avg\n"
-      "  -r  root rank (default 0)                                  -a  algorithm: auto, ring, "
-      "tree,\n      recursive_doubling (allreduce, power-of-two groups), linear (allgather, "
-      "reduce_scatter, alltoall), pairwise (alltoall)\n"
-      "  --check  verify every element of every size (#wrong column)\n"
-      "  -R       register the buffers with the backend (zero-copy sends, as nccl-tests -R)\n"
-      "  --buffers K  rotate the timed iterations over K buffer sets (default 1: every iteration\n"
-      "               on the result of the one before, as nccl-tests); with K > 1 independent\n"
-      "               collectives overlap (RDMACC_COLLECTIVES_IN_FLIGHT), as DDP's buckets do\n"
-      "  --json FILE  write the results as JSON\n"
-      "  --csv FILE   append the results to a CSV file (header written when it is new), so that\n"
-      "               runs of several collectives or world sizes can share one file\n"
-      "  --plot FILE.png  plot busbw and time against size with gnuplot, one line per\n"
-      "               collective, world size and algorithm: every row of --csv FILE, else this "
-      "run\n"
-      "  --replot     only draw --plot FILE.png from --csv FILE (no launcher, no device)\n"
-      "  write only: -m bw|lat|all (default all), -t writes in flight (default 128)\n"
-      "Sizes and definitions follow nccl-tests: size is the bytes of the per-rank buffer for\n"
-      "allreduce/broadcast/reduce, of the gathered buffer for allgather/gather, of the input for\n"
-      "reduce_scatter/scatter, of each rank's buffer for alltoall. algbw = size / time;\n"
-      "busbw = algbw x 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter, alltoall, "
-      "gather,\n"
-      "scatter), 1 (broadcast, reduce, sendrecv). Time: mean per iteration, averaged over "
-      "ranks.\n");
-}
 
 DataType parseType(const std::string& s) {
   if (s == "float" || s == "float32") return DataType::Float32;
@@ -132,78 +90,133 @@ ReduceOp parseOp(const std::string& s) {
               "use sum, prod, min, max or avg");
 }
 
-Args parse(int argc, char** argv) {
+const std::vector<std::string> kCollectives = {"allreduce",      "broadcast", "reduce", "allgather",
+                                               "reduce_scatter", "alltoall",  "gather", "scatter",
+                                               "sendrecv",       "barrier",   "write",  "idle"};
+
+// The command line; nullopt: exit with `status`.
+std::optional<Args> parse(int argc, char** argv, int& status) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "-h" || k == "--help") {
-      usage(stdout);
-      std::exit(0);
-    }
-    if (k == "--check" || k == "--replot" || k == "-R") {
-      (k == "--check" ? a.check : k == "-R" ? a.registerBuffers : a.replot) = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      throw Error(ErrorKind::InvalidArgument, fmt::format("{} needs a value", k),
-                  "see rdmacc-perf --help");
-    }
-    std::string v = argv[++i];
-    if (k == "-c")
-      a.collective = v;
-    else if (k == "-b")
-      a.minBytes = parseSize(v, "-b");
-    else if (k == "-e")
-      a.maxBytes = parseSize(v, "-e");
-    else if (k == "-f")
-      a.factor = std::stod(v);
-    else if (k == "-n")
-      a.iterations = static_cast<int>(parseInt(v, "-n")), a.iterationsGiven = true;
-    else if (k == "-w")
-      a.warmup = static_cast<int>(parseInt(v, "-w"));
-    else if (k == "--buffers")
-      a.buffers = static_cast<int>(parseInt(v, "--buffers"));
-    else if (k == "-m")
-      a.mode = v;
-    else if (k == "-t")
-      a.txDepth = static_cast<int>(parseInt(v, "-t"));
-    else if (k == "-d")
-      a.dtype = parseType(v);
-    else if (k == "-o")
-      a.op = parseOp(v);
-    else if (k == "-r")
-      a.root = static_cast<int>(parseInt(v, "-r"));
-    else if (k == "-a")
-      a.algorithm = parseAlgorithm(v);
-    else if (k == "--json")
-      a.json = v;
-    else if (k == "--csv")
-      a.csv = v;
-    else if (k == "--plot")
-      a.plot = v;
-    else
-      throw Error(ErrorKind::InvalidArgument, fmt::format("unknown option {}", k),
-                  "see rdmacc-perf --help");
+  CLI::App app(
+      "nccl-tests-style timing of one collective over a size sweep. Start it with a launcher: "
+      "rdmacc-run -n 4 -- rdmacc-perf -c allreduce -b 8 -e 16M. Sizes and definitions follow "
+      "nccl-tests: size is the bytes of the per-rank buffer for allreduce/broadcast/reduce, of "
+      "the gathered buffer for allgather/gather, of the input for reduce_scatter/scatter, of "
+      "each rank's buffer for alltoall; algbw = size / time; busbw = algbw x 2(n-1)/n "
+      "(allreduce), (n-1)/n (allgather, reduce_scatter, alltoall, gather, scatter), 1 "
+      "(broadcast, reduce, sendrecv); time: mean per iteration, averaged over ranks. Exit "
+      "status 1 when --check found wrong elements or the run failed, 2 for a wrong command "
+      "line.",
+      "rdmacc-perf");
+  cli::addVersion(app);
+  std::string minBytes = "8", maxBytes = "8M", dtype = "float", op = "sum", algorithm = "auto";
+  std::string device;
+  int gidIndex = -1;
+  app.add_option("-c,--collective", a.collective,
+                 "what to time; write: RDMA WRITE between 2 ranks (like ib_write_bw/lat); idle: "
+                 "form the group, then stay idle -n seconds (CPU time per rank)")
+      ->check(CLI::IsMember(kCollectives))
+      ->capture_default_str();
+  app.add_option("-b,--minbytes", minBytes, "smallest size in bytes (suffixes K, M, G)")
+      ->check(cli::size())
+      ->capture_default_str();
+  app.add_option("-e,--maxbytes", maxBytes, "largest size")
+      ->check(cli::size())
+      ->capture_default_str();
+  app.add_option("-f,--stepfactor", a.factor, "size multiplication factor (> 1)")
+      ->check(CLI::Range(1.0001, 1e6))
+      ->capture_default_str();
+  auto* iters =
+      app.add_option("-n,--iters", a.iterations,
+                     "iterations per size (write: default 1000; idle: seconds, default 10)")
+          ->check(CLI::Range(1, 1000000000))
+          ->capture_default_str();
+  app.add_option("-w,--warmup_iters", a.warmup, "warm-up iterations")
+      ->check(CLI::Range(0, 1000000000))
+      ->capture_default_str();
+  app.add_option("-d,--datatype", dtype,
+                 "float, double, half, bfloat16, int8, uint8, int32, int64 (with -c write: the "
+                 "RDMA device, as perftest's -d)")
+      ->capture_default_str();
+  app.add_option("-o,--op", op, "sum, prod, min, max, avg")
+      ->check(CLI::IsMember({"sum", "prod", "min", "max", "avg"}))
+      ->capture_default_str();
+  app.add_option("-r,--root", a.root, "root rank")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("-a,--algorithm", algorithm,
+                 "auto, ring, tree, recursive_doubling (allreduce, power-of-two groups), linear "
+                 "(allgather, reduce_scatter, alltoall), pairwise (alltoall)")
+      ->check(CLI::IsMember({"auto", "ring", "tree", "recursive_doubling", "linear", "pairwise"}))
+      ->capture_default_str();
+  app.add_flag("--check", a.check, "verify every element of every size (#wrong column)");
+  int registerLevel = 0;
+  app.add_option("-R,--register", registerLevel,
+                 "register the buffers with the backend: zero-copy sends and direct receives "
+                 "(as nccl-tests -R; -R alone is -R 1)")
+      ->expected(0, 1)
+      ->default_str("1")
+      ->check(CLI::Range(0, 2));
+  app.add_option("--buffers", a.buffers,
+                 "rotate the timed iterations over K buffer sets (1: every iteration on the "
+                 "result of the one before, as nccl-tests; > 1: independent collectives overlap, "
+                 "as DDP's buckets do)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("-J,--json", a.json, "write the results as JSON");
+  app.add_option("--csv", a.csv,
+                 "append the results to a CSV file (header written when it is new), so that runs "
+                 "of several collectives or world sizes can share one file");
+  app.add_option("--plot", a.plot,
+                 "plot busbw and time against size with gnuplot (PNG), one line per collective, "
+                 "world size and algorithm: every row of --csv FILE, else this run");
+  app.add_flag("--replot", a.replot,
+               "only draw --plot FILE.png from --csv FILE (no launcher, no device)");
+  app.add_option("-m,--mode", a.mode, "write only: bw, lat or all")
+      ->check(CLI::IsMember({"bw", "lat", "all"}))
+      ->capture_default_str();
+  app.add_option("-t,--tx-depth", a.txDepth, "write only: writes in flight")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--device", device, "write only: the RDMA device (RDMACC_IB_HCA)");
+  app.add_option("-x,--gid-index", gidIndex, "write only: the GID index (RDMACC_IB_GID_INDEX)")
+      ->check(CLI::Range(0, 65535));
+  auto usage = [&](const std::string& what) {
+    fmt::print(stderr, "rdmacc-perf: {}\nRun with --help for more information.\n", what);
+    status = cli::kUsage;
+    return std::nullopt;
+  };
+  if (auto exit = cli::parse(app, argc, argv)) {
+    status = *exit;
+    return std::nullopt;
   }
-  static const std::vector<std::string> kKnown = {
-      "allreduce", "broadcast", "reduce",   "allgather", "reduce_scatter", "alltoall",
-      "gather",    "scatter",   "sendrecv", "barrier",   "write",          "idle"};
-  if (std::find(kKnown.begin(), kKnown.end(), a.collective) == kKnown.end()) {
-    throw Error(ErrorKind::InvalidArgument, fmt::format("-c {} is not a collective", a.collective),
-                "see rdmacc-perf --help for the list");
+  a.iterationsGiven = iters->count() > 0;
+  a.registerBuffers = registerLevel > 0;
+  a.minBytes = parseSize(minBytes, "-b");
+  a.maxBytes = parseSize(maxBytes, "-e");
+  if (a.collective == "write") {
+    // perftest's spelling: -d names the device.
+    if (app.get_option("-d")->count() > 0) device = dtype;
+    if (!device.empty()) ::setenv("RDMACC_IB_HCA", device.c_str(), 1);
+    if (gidIndex >= 0) ::setenv("RDMACC_IB_GID_INDEX", std::to_string(gidIndex).c_str(), 1);
+  } else {
+    if (!device.empty() || gidIndex >= 0) return usage("--device and -x are for -c write");
+    try {
+      a.dtype = parseType(dtype);
+    } catch (const std::exception& e) {
+      return usage(e.what());
+    }
   }
+  a.op = parseOp(op);
+  a.algorithm = parseAlgorithm(algorithm);
   if (a.replot && (a.csv.empty() || a.plot.empty())) {
-    throw Error(ErrorKind::InvalidArgument, "--replot needs --csv FILE and --plot FILE.png");
+    return usage("--replot needs --csv FILE and --plot FILE.png");
   }
   if (a.collective == "write" && !a.iterationsGiven) a.iterations = 1000;
   if (a.collective == "idle" && !a.iterationsGiven) a.iterations = 10;  // seconds
   if (a.collective == "write" && a.minBytes < 1) a.minBytes = 1;
-  if (a.mode != "bw" && a.mode != "lat" && a.mode != "all") {
-    throw Error(ErrorKind::InvalidArgument, fmt::format("-m {} is not bw, lat or all", a.mode));
-  }
-  if (a.maxBytes < a.minBytes || a.factor <= 1 || a.iterations < 1 || a.warmup < 0 ||
-      a.txDepth < 1) {
-    throw Error(ErrorKind::InvalidArgument, "need -b <= -e, -f > 1, -n >= 1, -w >= 0, -t >= 1");
+  if (a.maxBytes < a.minBytes) {
+    return usage(fmt::format("-b {} is larger than -e {}", a.minBytes, a.maxBytes));
   }
   return a;
 }
@@ -818,12 +831,11 @@ int runIdle(const Args& args) {
 }
 
 int main(int argc, char** argv) {
-  if (argc == 2 && std::string_view(argv[1]) == "--version") {
-    std::printf("rdmacc-perf %s\n", rdmacc::version());
-    return 0;
-  }
+  int status = 0;
+  auto parsed = parse(argc, argv, status);
+  if (!parsed) return status;
   try {
-    Args args = parse(argc, argv);
+    const Args& args = *parsed;
     if (args.replot) {
       plotCsv(args.csv, args.plot);
       return 0;

@@ -24,6 +24,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
 #include "rdmacc/version.hpp"
+#include "tools/cli.hpp"
 
 namespace {
 
@@ -32,19 +33,6 @@ volatile std::sig_atomic_t gSignal = 0;
 
 void onSignal(int sig) {
   gSignal = sig;
-}
-
-void usage(FILE* out) {
-  fmt::print(
-      out,
-      "usage: rdmacc-run -n N [--timeout DURATION] [--no-prefix] -- PROGRAM [ARGS...]\n"
-      "Starts N copies of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK,\n"
-      "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun does) and rdmacc's TCP\n"
-      "store hosted by the launcher (RDMACC_AGENT_STORE=1, RDMACC_STORE_PORT; MASTER_PORT stays\n"
-      "free for torch.distributed's store). Output lines are prefixed with [rank].\n"
-      "If a rank fails, the others get SIGTERM (SIGKILL 5 s later) and rdmacc-run exits with\n"
-      "the failing rank's status. --timeout (e.g. 300s) kills everything when it expires\n"
-      "(exit 124).\n");
 }
 
 struct Rank {
@@ -99,47 +87,38 @@ int exitCode(int status) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && std::string_view(argv[1]) == "--version") {
-    std::printf("rdmacc-run %s\n", rdmacc::version());
-    return 0;
-  }
+  CLI::App app(
+      "Starts N copies of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, "
+      "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun does) and rdmacc's TCP "
+      "store hosted by the launcher (RDMACC_AGENT_STORE=1, RDMACC_STORE_PORT; MASTER_PORT stays "
+      "free for torch.distributed's store). Output lines are prefixed with [rank]. If a rank "
+      "fails, the others get SIGTERM (SIGKILL 5 s later) and rdmacc-run exits with the failing "
+      "rank's status.",
+      "rdmacc-run");
+  rdmacc::cli::addVersion(app);
   int n = 0;
-  bool prefix = true;
-  std::chrono::milliseconds timeout{0};
-  int i = 1;
-  try {
-    for (; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a == "--") {
-        ++i;
-        break;
-      }
-      if ((a == "-n" || a == "--nproc") && i + 1 < argc) {
-        n = static_cast<int>(rdmacc::parseInt(argv[++i], "-n"));
-      } else if (a == "--timeout" && i + 1 < argc) {
-        timeout = rdmacc::parseDuration(argv[++i], "--timeout");
-      } else if (a == "--no-prefix") {
-        prefix = false;
-      } else if (a == "-h" || a == "--help") {
-        usage(stdout);
-        return 0;
-      } else {
-        fmt::print(stderr,
-                   "rdmacc-run: unknown option '{}' (did you forget '--' before the program?)\n",
-                   a);
-        usage(stderr);
-        return 2;
-      }
-    }
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "rdmacc-run: {}\n", e.what());
-    return 2;
+  bool noPrefix = false;
+  std::string timeoutText = "0";
+  app.add_option("-n,--nproc", n, "ranks to start")->required()->check(CLI::Range(1, 4096));
+  app.add_option("--timeout", timeoutText,
+                 "stop everything when it expires (exit 124): 300 or 300s, 250ms, 5m, 1h; 0: "
+                 "never")
+      ->check(rdmacc::cli::duration())
+      ->capture_default_str();
+  app.add_flag("--no-prefix", noPrefix, "do not prefix output lines with [rank]");
+  app.prefix_command();  // PROGRAM and everything after it belong to the program
+  if (auto status = rdmacc::cli::parse(app, argc, argv)) return *status;
+  std::vector<std::string> program = app.remaining();
+  if (!program.empty() && program.front() == "--") program.erase(program.begin());
+  if (program.empty()) {
+    fmt::print(stderr, "rdmacc-run: no program to start (rdmacc-run -n N -- PROGRAM [ARGS...])\n");
+    return rdmacc::cli::kUsage;
   }
-  if (n < 1 || n > 4096 || i >= argc) {
-    fmt::print(stderr, "rdmacc-run: need -n N (1..4096) and a program after '--'\n");
-    usage(stderr);
-    return 2;
-  }
+  const bool prefix = !noPrefix;
+  const std::chrono::milliseconds timeout = rdmacc::cli::parseSeconds(timeoutText);
+  std::vector<char*> programArgv;
+  for (auto& arg : program) programArgv.push_back(arg.data());
+  programArgv.push_back(nullptr);
 
   std::unique_ptr<rdmacc::TCPStoreServer> store;
   try {
@@ -195,7 +174,7 @@ int main(int argc, char** argv) {
     for (auto& kv : envStrings) envp.push_back(kv.data());
     envp.push_back(nullptr);
     const std::string execFailed =
-        fmt::format("rdmacc-run: cannot execute {} (not found or not executable)\n", argv[i]);
+        fmt::format("rdmacc-run: cannot execute {} (not found or not executable)\n", program[0]);
     pid_t pid = fork();
     if (pid < 0) {
       fmt::print(stderr, "rdmacc-run: fork: {}\n", std::strerror(errno));
@@ -207,7 +186,7 @@ int main(int argc, char** argv) {
       signal(SIGPIPE, SIG_DFL);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
-      execvpe(argv[i], argv + i, envp.data());
+      execvpe(programArgv[0], programArgv.data(), envp.data());
       ssize_t ignored = write(STDERR_FILENO, execFailed.data(), execFailed.size());
       (void)ignored;
       _exit(127);

@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/tuning.hpp"
 #include "rdmacc/version.hpp"
+#include "tools/cli.hpp"
 
 using namespace rdmacc;
 using Clock = std::chrono::steady_clock;
@@ -32,40 +34,37 @@ struct Args {
   int iterations = 10;
 };
 
-void usage(FILE* out) {
-  fmt::print(
-      out,
-      "usage: rdmacc-tune [-o FILE] [-b MIN] [-e MAX] [-n ITERS]\n"
-      "Times ring, tree (and recursive doubling) allreduce, chain and tree broadcast and ring and\n"
-      "linear allgather (size: the gathered output), MIN..MAX\n"
-      "(factor 4; default 8 B .. 16M) on this group and writes the fastest per size to FILE\n"
-      "(default rdmacc-tune.txt): use it with RDMACC_TUNE_FILE=FILE. Start it like the\n"
-      "job it tunes: rdmacc-run -n 4 -- rdmacc-tune -o tune.txt\n");
-}
-
-Args parse(int argc, char** argv) {
+// The command line; nullopt: exit with `status`.
+std::optional<Args> parse(int argc, char** argv, int& status) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "-h" || k == "--help") {
-      usage(stdout);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) throw Error(ErrorKind::InvalidArgument, k + " needs a value", "see --help");
-    std::string v = argv[++i];
-    if (k == "-o")
-      a.output = v;
-    else if (k == "-b")
-      a.minBytes = parseSize(v, "-b");
-    else if (k == "-e")
-      a.maxBytes = parseSize(v, "-e");
-    else if (k == "-n")
-      a.iterations = static_cast<int>(parseInt(v, "-n"));
-    else
-      throw Error(ErrorKind::InvalidArgument, "unknown option " + k, "see rdmacc-tune --help");
+  CLI::App app(
+      "Times ring, tree (and recursive doubling) allreduce, chain and tree broadcast and ring "
+      "and linear allgather (size: the gathered output) from MIN to MAX (factor 4) on this "
+      "group and writes the fastest per size to FILE: use it with RDMACC_TUNE_FILE=FILE. Start "
+      "it like the job it tunes: rdmacc-run -n 4 -- rdmacc-tune -o tune.txt",
+      "rdmacc-tune");
+  cli::addVersion(app);
+  std::string minBytes = "8", maxBytes = "16M";
+  app.add_option("-o,--output", a.output, "the table to write")->capture_default_str();
+  app.add_option("-b,--minbytes", minBytes, "smallest size (bytes; K, M, G), at least 4")
+      ->check(cli::size())
+      ->capture_default_str();
+  app.add_option("-e,--maxbytes", maxBytes, "largest size")
+      ->check(cli::size())
+      ->capture_default_str();
+  app.add_option("-n,--iters", a.iterations, "timed iterations per size and algorithm")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  if (auto exit = cli::parse(app, argc, argv)) {
+    status = *exit;
+    return std::nullopt;
   }
-  if (a.minBytes < 4 || a.maxBytes < a.minBytes || a.iterations < 1) {
-    throw Error(ErrorKind::InvalidArgument, "need 4 <= -b <= -e and -n >= 1");
+  a.minBytes = parseSize(minBytes, "-b");
+  a.maxBytes = parseSize(maxBytes, "-e");
+  if (a.minBytes < 4 || a.maxBytes < a.minBytes) {
+    fmt::print(stderr, "rdmacc-tune: need 4 <= -b <= -e (got {} and {})\n", a.minBytes, a.maxBytes);
+    status = cli::kUsage;
+    return std::nullopt;
   }
   return a;
 }
@@ -156,14 +155,13 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && std::string_view(argv[1]) == "--version") {
-    std::printf("rdmacc-tune %s\n", rdmacc::version());
-    return 0;
-  }
+  int status = 0;
+  auto args = parse(argc, argv, status);
+  if (!args) return status;
   try {
-    return run(parse(argc, argv));
+    return run(*args);
   } catch (const std::exception& e) {
     fmt::print(stderr, "rdmacc-tune: {}\n", e.what());
-    return 1;
+    return cli::kFailed;
   }
 }
