@@ -306,14 +306,24 @@ Config Config::load(const std::map<std::string, std::string>& explicitValues,
     std::string name = entry.substr(0, eq);
     auto it = config.values_.find(name);
     if (it == config.values_.end()) {
-      // Variables read by the test suite and tools rather than the library.
-      if (name.starts_with("RDMACC_TEST_")) continue;
+      // Variables read by the test suite and the project's scripts rather
+      // than the library (tools/run-tests, tools/with-rdma-device, ...).
+      static constexpr std::string_view kProjectVariables[] = {
+          "RDMACC_BUILD_DIR", "RDMACC_FORCE_VM",     "RDMACC_VM_SHARES", "RDMACC_QUICK",
+          "RDMACC_TORCH2",    "RDMACC_FUZZ_SECONDS", "RDMACC_SANITIZE",  "RDMACC_TSAN"};
+      if (name.starts_with("RDMACC_TEST_") ||
+          std::find(std::begin(kProjectVariables), std::end(kProjectVariables), name) !=
+              std::end(kProjectVariables)) {
+        continue;
+      }
       std::string best;
       size_t bestDistance = 4;
       for (const auto& spec : kOptions) {
         size_t d = editDistance(name, spec.name);
         if (d < bestDistance) bestDistance = d, best = spec.name;
       }
+      // NCCL's spelling of the log level.
+      if (name == "RDMACC_DEBUG") best = "RDMACC_LOG_LEVEL";
       config.warnings_.push_back(
           best.empty() ? fmt::format("unknown environment variable {} is ignored (rdmacc-info "
                                      "--config lists the known ones)",

@@ -4,6 +4,7 @@
 //   -c write  point-to-point RDMA WRITE bandwidth and latency between two ranks,
 //      printed like ib_write_bw / ib_write_lat.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
@@ -738,9 +739,12 @@ int runCollective(const Args& args) {
   long wrongTotal = 0;
   std::vector<size_t> list = args.collective == "barrier" ? std::vector<size_t>{0} : sizes(args);
   size_t step = 0;
+  const bool progressLine = lead && ::isatty(STDERR_FILENO) != 0;
   for (size_t s : list) {
     ++step;
-    if (lead) fmt::print(stderr, "\rrdmacc-perf: size {} ({}/{})   ", s, step, list.size());
+    // The progress line only on a terminal: under a launcher or in a log
+    // it would arrive at the end as one \r-joined line.
+    if (progressLine) fmt::print(stderr, "\rrdmacc-perf: size {} ({}/{})   ", s, step, list.size());
     std::optional<Row> out, in;
     if (c.hasOutOfPlace) out = bench.measure(s, false);
     if (c.hasInPlace) in = bench.measure(s, true);
@@ -761,7 +765,7 @@ int runCollective(const Args& args) {
     }
   }
   if (lead) {
-    fmt::print(stderr, "\r{:60}\r", "");
+    if (progressLine) fmt::print(stderr, "\r{:60}\r", "");
     fmt::print("# Out of bounds values : {} {}\n", wrongTotal,
                args.check ? (wrongTotal == 0 ? "OK" : "FAILED") : "(not checked; add --check)");
     fmt::print("# Avg bus bandwidth    : {:.4f} GB/s\n", busCount ? busSum / busCount : 0.0);

@@ -37,6 +37,26 @@ TEST(Config, UnknownVariableWarnsWithSuggestion) {
   EXPECT_EQ(c.getInt("RDMACC_IB_GID_INDEX"), -1);
 }
 
+TEST(Config, TheProjectsOwnVariablesAreNotWarnedAbout) {
+  Config c =
+      Config::load({}, {"RDMACC_BUILD_DIR=/tmp/b", "RDMACC_FORCE_VM=1", "RDMACC_VM_SHARES=/a:/b",
+                        "RDMACC_QUICK=1", "RDMACC_TORCH2=0", "RDMACC_FUZZ_SECONDS=5"});
+  EXPECT_TRUE(c.warnings().empty()) << c.warnings().front();
+}
+
+TEST(Config, NcclsSpellingOfTheLogLevelGetsAHint) {
+  Config c = Config::load({}, {"RDMACC_DEBUG=INFO"});
+  ASSERT_EQ(c.warnings().size(), 1u);
+  EXPECT_NE(c.warnings()[0].find("did you mean RDMACC_LOG_LEVEL"), std::string::npos)
+      << c.warnings()[0];
+}
+
+TEST(Config, TheTransportIsAutoRdmaOrShm) {
+  EXPECT_EQ(Config::load({}, {}).getString("RDMACC_TRANSPORT"), "auto");
+  EXPECT_EQ(Config::load({}, {"RDMACC_TRANSPORT=shm"}).getString("RDMACC_TRANSPORT"), "shm");
+  EXPECT_THROW(Config::load({}, {"RDMACC_TRANSPORT=tcp"}), Error);
+}
+
 TEST(Config, BadValuesNameTheVariableAndTheFix) {
   auto expectError = [](std::vector<std::string> env, const std::string& fragment) {
     try {
