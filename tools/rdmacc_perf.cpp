@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -30,6 +31,8 @@
 #include "rdmacc/log.hpp"
 #include "rdmacc/version.hpp"
 #include "tools/cli.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -57,6 +60,8 @@ struct Args {
   std::string plot;     // PNG of every series in the CSV (or of this run)
   bool replot = false;  // only draw --plot from --csv
   bool iterationsGiven = false;
+  std::vector<std::string> argv;  // the command line, for --json
+  std::string started;            // ISO 8601 UTC, for --json
 };
 
 DataType parseType(const std::string& s) {
@@ -192,6 +197,7 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
     return std::nullopt;
   }
   a.iterationsGiven = iters->count() > 0;
+  a.argv.assign(argv, argv + argc);
   a.registerBuffers = registerLevel > 0;
   a.minBytes = parseSize(minBytes, "-b");
   a.maxBytes = parseSize(maxBytes, "-e");
@@ -329,6 +335,7 @@ double reduced(ReduceOp op, int n, size_t i, DataType t) {
 struct Row {
   size_t bytes = 0, count = 0;
   double time = 0, algbw = 0, busbw = 0;
+  double minTime = 0, maxTime = 0;  // the fastest and slowest rank's mean
   long wrong = 0;
   bool inPlace = false;
 };
@@ -528,11 +535,11 @@ class CollectiveBench {
     return wrong;
   }
 
-  double sumAcrossRanks(double v) {
+  double acrossRanks(double v, ReduceOp op = ReduceOp::Sum) {
     Buffer b(DataType::Float64, 1);
     b.set(0, v);
     std::vector<Tensor> t{b.tensor()};
-    backend_->allreduce(t)->wait();
+    backend_->allreduce(t, AllreduceOptions{.reduceOp = op})->wait();
     return b.get(0);
   }
 
@@ -549,7 +556,7 @@ class CollectiveBench {
                     : count * es_;
     row.inPlace = inPlace;
     if (args_.check)
-      row.wrong = static_cast<long>(sumAcrossRanks(static_cast<double>(check(inPlace))));
+      row.wrong = static_cast<long>(acrossRanks(static_cast<double>(check(inPlace))));
     for (int i = 0; i < args_.warmup; ++i) once(inPlace)->wait();
     backend_->barrier()->wait();
     auto start = Clock::now();
@@ -567,7 +574,9 @@ class CollectiveBench {
     current_ = 0;
     double mine =
         std::chrono::duration<double, std::micro>(Clock::now() - start).count() / args_.iterations;
-    row.time = sumAcrossRanks(mine) / n_;
+    row.time = acrossRanks(mine) / n_;
+    row.minTime = acrossRanks(mine, ReduceOp::Min);
+    row.maxTime = acrossRanks(mine, ReduceOp::Max);
     row.algbw = row.time > 0 ? static_cast<double>(row.bytes) / row.time / 1e3 : 0;  // GB/s
     row.busbw = row.algbw * describe().busFactor;
     return row;
@@ -707,6 +716,65 @@ void plotCsv(const std::string& csvPath, const std::string& png) {
   fmt::print("# plot: {}\n", png);
 }
 
+std::string isoNow() {
+  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+// --json: what nccl-tests' -J has (the command, the version, where and when,
+// the settings that differ from the defaults), and per size the mean time
+// and the fastest and slowest rank's (as OSU's -f). `wrong` is null when
+// nothing was checked.
+void writeJson(const Args& args, int ranks, const std::vector<Row>& rows, double avgBusbw) {
+  using nlohmann::json;
+  std::array<char, 256> host{};
+  if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
+  json config = json::object();
+  const Config loaded = Config::load();
+  for (const auto& spec : optionTable()) {
+    if (loaded.source(spec.name) != ValueSource::Default) {
+      config[std::string(spec.name)] = loaded.raw(spec.name);
+    }
+  }
+  json doc = {{"tool", "rdmacc-perf"},
+              {"version", rdmacc::version()},
+              {"argv", args.argv},
+              {"host", host.data()},
+              {"started", args.started},
+              {"finished", isoNow()},
+              {"collective", args.collective},
+              {"ranks", ranks},
+              {"dtype", toString(args.dtype)},
+              {"op", toString(args.op)},
+              {"root", args.root},
+              {"algorithm", toString(args.algorithm)},
+              {"registered", args.registerBuffers},
+              {"iterations", args.iterations},
+              {"warmup", args.warmup},
+              {"buffers", args.buffers},
+              {"config", config},
+              {"checked", args.check},
+              {"avg_busbw_gbs", avgBusbw},
+              {"rows", json::array()}};
+  for (const Row& r : rows) {
+    doc["rows"].push_back({{"size", r.bytes},
+                           {"count", r.count},
+                           {"in_place", r.inPlace},
+                           {"time_us", r.time},
+                           {"time_min_us", r.minTime},
+                           {"time_max_us", r.maxTime},
+                           {"algbw_gbs", r.algbw},
+                           {"busbw_gbs", r.busbw},
+                           {"wrong", args.check ? json(r.wrong) : json(nullptr)}});
+  }
+  std::ofstream out(args.json);
+  out << doc.dump(2) << "\n";
+  if (!out) throw Error(ErrorKind::InvalidArgument, fmt::format("cannot write {}", args.json));
+}
+
 int runCollective(const Args& args) {
   auto backend = initFromEnvironment();
   CollectiveBench bench(args, backend);
@@ -776,25 +844,8 @@ int runCollective(const Args& args) {
       if (!args.plot.empty()) plotCsv(csv, args.plot);
       if (args.csv.empty()) std::remove(csv.c_str());
     }
-    if (!args.json.empty()) {
-      std::ofstream out(args.json);
-      out << "{\"collective\": \"" << args.collective << "\", \"ranks\": " << backend->getSize()
-          << ", \"dtype\": \"" << toString(args.dtype) << "\", \"op\": \"" << toString(args.op)
-          << "\", \"algorithm\": \"" << toString(args.algorithm)
-          << "\", \"registered\": " << (args.registerBuffers ? "true" : "false") << ", \"rows\": [";
-      for (size_t i = 0; i < rows.size(); ++i) {
-        const Row& r = rows[i];
-        out << (i ? ", " : "")
-            << fmt::format(
-                   "{{\"size\": {}, \"count\": {}, \"in_place\": {}, \"time_us\": {:.3f}, "
-                   "\"algbw_gbs\": {:.6f}, "
-                   "\"busbw_gbs\": {:.6f}, \"wrong\": {}}}",
-                   r.bytes, r.count, r.inPlace ? "true" : "false", r.time, r.algbw, r.busbw,
-                   r.wrong);
-      }
-      out << "]}\n";
-      if (!out) throw Error(ErrorKind::InvalidArgument, fmt::format("cannot write {}", args.json));
-    }
+    if (!args.json.empty())
+      writeJson(args, backend->getSize(), rows, busCount ? busSum / busCount : 0.0);
   }
   backend->barrier()->wait();
   return wrongTotal == 0 ? 0 : 1;
@@ -838,6 +889,7 @@ int main(int argc, char** argv) {
   int status = 0;
   auto parsed = parse(argc, argv, status);
   if (!parsed) return status;
+  parsed->started = isoNow();
   try {
     const Args& args = *parsed;
     if (args.replot) {
