@@ -12,6 +12,8 @@
 #include "rdmacc/version.hpp"
 #include "tools/cli.hpp"
 
+#include <nlohmann/json.hpp>
+
 namespace {
 
 using namespace rdmacc;
@@ -94,6 +96,61 @@ int report(const Config& config) {
   return problems == 0 ? 0 : 1;
 }
 
+// The same as report(), for scripts: one JSON document on stdout.
+int reportJson(const Config& config) {
+  using nlohmann::json;
+  int problems = 0;
+  json doc = {{"version", rdmacc::version()}, {"devices", json::array()}};
+  for (const auto& d : listDevices()) {
+    json device = {{"name", d.name},
+                   {"firmware", d.firmware},
+                   {"node_guid", fmt::format("{:016x}", d.nodeGuid)},
+                   {"max_qp_wr", d.maxQpWr},
+                   {"max_cqe", d.maxCqe},
+                   {"ports", json::array()}};
+    for (const auto& p : d.ports) {
+      json port = {{"port", p.port},
+                   {"state", p.state},
+                   {"link_layer", p.linkLayer},
+                   {"active_mtu", p.activeMtu},
+                   {"max_mtu", p.maxMtu},
+                   {"gids", json::array()}};
+      for (const auto& g : p.gids) {
+        port["gids"].push_back(
+            {{"index", g.index}, {"address", g.address}, {"type", g.type}, {"netdev", g.netdev}});
+      }
+      device["ports"].push_back(port);
+    }
+    doc["devices"].push_back(device);
+  }
+  try {
+    Endpoint ep = selectEndpoint(config);
+    doc["endpoint"] = {{"device", ep.device},        {"port", ep.port},    {"ipv4", ep.ipv4},
+                       {"gid_index", ep.gidIndex},   {"gid", ep.gid},      {"gid_type", ep.gidType},
+                       {"active_mtu", ep.activeMtu}, {"reason", ep.reason}};
+  } catch (const Error& e) {
+    ++problems;
+    doc["endpoint"] = nullptr;
+    doc["endpoint_error"] = e.what();
+  }
+  if (auto limit = lockedMemoryLimit()) {
+    doc["memlock_bytes"] = *limit;
+    if (*limit < kMemlockWarnBytes) ++problems;
+  } else {
+    doc["memlock_bytes"] = nullptr;  // unlimited
+  }
+  json values = json::object();
+  for (const auto& spec : optionTable()) {
+    values[std::string(spec.name)] = {{"value", config.raw(spec.name)},
+                                      {"source", toString(config.source(spec.name))}};
+  }
+  doc["config"] = values;
+  doc["warnings"] = config.warnings();
+  doc["problems"] = problems;
+  fmt::print("{}\n", doc.dump(2));
+  return problems == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,8 +162,15 @@ int main(int argc, char** argv) {
   bool config = false, markdown = false;
   auto* configFlag = app.add_flag(
       "--config", config, "only the configuration table, with current values and their sources");
-  app.add_flag("--config-markdown", markdown, "only the table as docs/configuration.md")
-      ->excludes(configFlag);
+  auto* markdownFlag =
+      app.add_flag("--config-markdown", markdown, "only the table as docs/configuration.md")
+          ->excludes(configFlag);
+  bool asJson = false;
+  app.add_flag("--json", asJson,
+               "everything as one JSON document (devices, endpoint, memlock, configuration, "
+               "warnings, problems), for scripts")
+      ->excludes(configFlag)
+      ->excludes(markdownFlag);
   if (auto status = cli::parse(app, argc, argv)) return *status;
   try {
     if (markdown) {
@@ -114,6 +178,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     Config loaded = Config::load();
+    if (asJson) return reportJson(loaded);
     if (config) {
       printConfig(loaded);
       return 0;
