@@ -75,8 +75,15 @@ GroupEnvironment groupFromEnvironment(const Config& config) {
         ErrorKind::InvalidArgument,
         fmt::format("{} ranks need a rendezvous store, but MASTER_ADDR/MASTER_PORT are not set",
                     g.size),
-        "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> (torchrun and rdmacc-run "
-        "set them for you)");
+        std::string_view(g.launcher) == "mpirun"
+            ? "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> and pass them to "
+              "the ranks: Open MPI forwards only OMPI_* variables (mpirun -x MASTER_ADDR -x "
+              "MASTER_PORT ...); see docs/multi-node.md"
+        : std::string_view(g.launcher) == "srun"
+            ? "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) "
+              "MASTER_PORT=<free TCP port> before srun; see docs/multi-node.md"
+            : "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> (torchrun and "
+              "rdmacc-run set them for you); see docs/multi-node.md");
   }
   int portNumber = envInt("MASTER_PORT", 1, 65535);
   bool agentHosts = config.getBool("RDMACC_AGENT_STORE");
