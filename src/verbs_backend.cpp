@@ -444,21 +444,25 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   if (!remote.empty() || transport == "rdma") {
     s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config,
                                     MeshOptions{.group = options.groupName});
-    s.registrations = std::make_unique<RegistrationCache>(
-        [pd = s.mesh->pd()](uintptr_t begin, size_t length) {
-          // Remote write: peers write large receives straight into it.
-          std::shared_ptr<ibv_mr> mr = verbs::registerMemory(pd, reinterpret_cast<void*>(begin),
-                                                             length, verbs::kRemoteWriteAccess);
-          return Registration{.begin = begin,
-                              .end = begin + length,
-                              .lkey = mr->lkey,
-                              .rkey = mr->rkey,
-                              .owner = std::move(mr)};
-        },
-        // Exactly [ptr, ptr + bytes): with whole pages, the heap bytes next to
-        // a registered tensor would be remotely writable too.
-        s.config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);
   }
+  // registerMemory keeps its contract (deregistering twice, or memory never
+  // registered, is an error) in every group; only RDMA peers need a memory
+  // region behind it, so without a mesh a registration records the range.
+  s.registrations = std::make_unique<RegistrationCache>(
+      [pd = s.mesh ? s.mesh->pd() : nullptr](uintptr_t begin, size_t length) {
+        if (pd == nullptr) return Registration{.begin = begin, .end = begin + length};
+        // Remote write: peers write large receives straight into it.
+        std::shared_ptr<ibv_mr> mr = verbs::registerMemory(pd, reinterpret_cast<void*>(begin),
+                                                           length, verbs::kRemoteWriteAccess);
+        return Registration{.begin = begin,
+                            .end = begin + length,
+                            .lkey = mr->lkey,
+                            .rkey = mr->rkey,
+                            .owner = std::move(mr)};
+      },
+      // Exactly [ptr, ptr + bytes): with whole pages, the heap bytes next to a
+      // registered tensor would be remotely writable too.
+      s.config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);
   const bool yield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"), rank,
                                static_cast<int>(std::count(local.begin(), local.end(), true)));
   const auto spins = spinTimes(s.config.getString("RDMACC_SPIN_US"), yield);
@@ -476,21 +480,20 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .spin = spins.first,
           .spinLatencyBound = spins.second,
           .spinYield = yield,
-          .registrations = s.registrations.get(),
+          // Zero-copy sends and direct receives exist on RDMA only.
+          .registrations = s.mesh ? s.registrations.get() : nullptr,
           .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES"))});
   s.driver = s.engine->driver();
 }
 
 VerbsBackend::~VerbsBackend() = default;
 
-// Without RDMA peers there is nothing to register: every transfer is a copy
-// through shared memory anyway.
 void VerbsBackend::registerMemory(void* ptr, size_t bytes) {
-  if (impl_->registrations) impl_->registrations->add(ptr, bytes);
+  impl_->registrations->add(ptr, bytes);
 }
 
 void VerbsBackend::deregisterMemory(void* ptr) {
-  if (impl_->registrations) impl_->registrations->remove(ptr);
+  impl_->registrations->remove(ptr);
 }
 
 size_t VerbsBackend::chunkBytes() const noexcept {
