@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
 #include "rdmacc/store.hpp"
 #include "src/socket.hpp"
 #include "src/store_protocol.hpp"
@@ -99,23 +101,40 @@ struct FileStore::State {
     offset += static_cast<off_t>(pos);
   }
 
-  // Appends one record. Caller holds LOCK_EX.
+  // Appends one record. Caller holds LOCK_EX. What the reader would refuse
+  // (refresh(): key or value over the limits) is refused before anything is
+  // written: one such record would make the file unreadable for every rank.
+  // A write that fails half-way is cut off again, for the same reason.
   void append(const std::string& key, const Bytes* value) {
     if (key.size() > store_protocol::kMaxKeyBytes) {
       throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("store key of {} bytes is too long", key.size()));
+                  fmt::format("store key of {} bytes is too long (at most {})", key.size(),
+                              store_protocol::kMaxKeyBytes));
+    }
+    if (value != nullptr && value->size() > store_protocol::kMaxValueBytes) {
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("store value of {} bytes for key '{}' is too long (at most {})",
+                              value->size(), key.substr(0, 64), store_protocol::kMaxValueBytes));
     }
     std::vector<uint8_t> rec;
     store_protocol::putU32(rec, static_cast<uint32_t>(key.size()));
     rec.insert(rec.end(), key.begin(), key.end());
     store_protocol::putU32(rec, value ? static_cast<uint32_t>(value->size()) : kTombstone);
     if (value) rec.insert(rec.end(), value->begin(), value->end());
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw errnoError(ErrorKind::Store, "fstat", errno, path);
     size_t done = 0;
     while (done < rec.size()) {
       ssize_t n = ::write(fd.get(), rec.data() + done, rec.size() - done);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0)
-        throw errnoError(ErrorKind::Store, "write", errno, fmt::format("appending to {}", path));
+      if (n < 0) {
+        const int error = errno;
+        if (done > 0 && ::ftruncate(fd.get(), st.st_size) != 0) {
+          log(LogLevel::Error, "file store {}: a half-written record could not be cut off: {}",
+              path, std::strerror(errno));
+        }
+        throw errnoError(ErrorKind::Store, "write", error, fmt::format("appending to {}", path));
+      }
       done += static_cast<size_t>(n);
     }
     refresh();
@@ -125,7 +144,10 @@ struct FileStore::State {
 FileStore::FileStore(std::string path, std::chrono::milliseconds timeout)
     : Store(timeout), state_(std::make_unique<State>()) {
   state_->path = std::move(path);
-  state_->fd = net::Fd(::open(state_->path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  // 0600: the group's rendezvous (addresses, tokens, rkeys) is for this
+  // user's processes; O_NOFOLLOW: a symlink planted at the path is refused.
+  state_->fd = net::Fd(
+      ::open(state_->path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!state_->fd) {
     throw errnoError(ErrorKind::Store, "open", errno,
                      fmt::format("cannot open file store {}", state_->path),

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -329,6 +330,42 @@ TEST(TCPStore, ValuesBeyondTheProtocolLimitAreRefusedBeforeSending) {
   EXPECT_THROW(client.get(std::string(sp::kMaxKeyBytes + 1, 'k')), Error);
   client.set("after", toBytes("fine"));
   EXPECT_EQ(toString(client.get("after")), "fine");
+}
+
+// One record the reader refuses would make the file unreadable for every
+// rank: a value over the limit is refused before it is written.
+TEST(FileStore, AValueOverTheRecordLimitIsRefusedAndTheStoreStillWorks) {
+  auto path = tempPath();
+  std::filesystem::remove(path);
+  FileStore store(path, 2s);
+  Bytes big(sp::kMaxValueBytes + 1, 1);
+  try {
+    store.set("big", big);
+    FAIL() << "a value over the limit was written";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'big'"), std::string::npos) << e.what();
+  }
+  big = {};
+  store.set("after", toBytes("fine"));
+  FileStore other(path, 2s);
+  EXPECT_EQ(toString(other.get("after")), "fine");
+  std::filesystem::remove(path);
+}
+
+TEST(FileStore, IsPrivateToItsUserAndRefusesASymlink) {
+  auto path = tempPath();
+  std::filesystem::remove(path);
+  { FileStore store(path, 2s); }
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto link = path + ".link";
+  std::filesystem::remove(link);
+  std::filesystem::create_symlink(path, link);
+  EXPECT_THROW(FileStore(link, 2s), Error);
+  std::filesystem::remove(link);
+  std::filesystem::remove(path);
 }
 
 TEST(StoreNumber, OnlyDigitsWithinTheRangeAreAccepted) {
