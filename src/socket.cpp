@@ -96,19 +96,37 @@ uint16_t localPort(int fd) {
   return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
 }
 
-Fd tryConnectTcp(const std::string& host, uint16_t port, int& errnum, std::string& detail) {
+Fd tryConnectTcp(const std::string& host, uint16_t port, Clock::time_point deadline, int& errnum,
+                 std::string& detail) {
   auto ai = resolve(host, port, false, detail);
   if (!ai) {
     errnum = 0;
     return Fd();
   }
   for (addrinfo* a = ai.get(); a != nullptr; a = a->ai_next) {
-    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
     if (!fd) {
       errnum = errno;
       continue;
     }
-    if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
+    // Non-blocking: connect() returns at once, and the deadline bounds the
+    // wait for the handshake (a blocking connect waits out the kernel's SYN
+    // retries, over a minute against a full backlog).
+    int rc = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      if (pollOne(fd.get(), POLLOUT, deadline) == 0) {
+        errnum = ETIMEDOUT;
+        continue;
+      }
+      int error = 0;
+      socklen_t length = sizeof error;
+      rc =
+          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0 ? 0 : -1;
+      errno = error != 0 ? error : errno;
+    }
+    if (rc == 0) {
+      int flags = ::fcntl(fd.get(), F_GETFL);
+      if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
       setNoDelay(fd.get());
       return fd;
     }

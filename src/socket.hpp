@@ -39,8 +39,10 @@ class Fd {
 // Listens on host:port (port 0: any free port). Throws Error(Store).
 Fd listenTcp(const std::string& host, uint16_t port, int backlog = 1024);
 uint16_t localPort(int fd);
-// Connects once; returns an empty Fd and sets errnum on failure.
-Fd tryConnectTcp(const std::string& host, uint16_t port, int& errnum, std::string& detail);
+// Connects once, giving up at `deadline` (a full backlog or a silent host
+// does not block past it); returns an empty Fd and sets errnum on failure.
+Fd tryConnectTcp(const std::string& host, uint16_t port, Clock::time_point deadline, int& errnum,
+                 std::string& detail);
 void setNonBlocking(int fd);
 void setNoDelay(int fd);
 // Blocking I/O bounded by a deadline; return false on timeout, throw on error/EOF.

@@ -421,7 +421,7 @@ struct TCPStore::State {
     std::string detail;
     auto delay = std::chrono::milliseconds(10);
     while (true) {
-      fd = net::tryConnectTcp(host, port, errnum, detail);
+      fd = net::tryConnectTcp(host, port, deadline, errnum, detail);
       if (fd) return;
       if (Clock::now() + delay > deadline) break;
       std::this_thread::sleep_for(delay);

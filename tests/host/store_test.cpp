@@ -199,6 +199,34 @@ TEST(TCPStore, UnreachableServerNamesHostAndPort) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
 }
 
+// A server whose accept queue is full (it never accepts): the kernel drops
+// the SYNs, and a blocking connect() waited out its retries (12 s and more
+// with a 1 s connect timeout). The connect timeout bounds the whole attempt.
+TEST(TCPStore, AFullBacklogDoesNotOutlastTheConnectTimeout) {
+  auto listener = net::listenTcp("127.0.0.1", 0, /*backlog=*/1);
+  const uint16_t port = net::localPort(listener.get());
+  std::vector<net::Fd> queued;
+  for (int i = 0; i < 8; ++i) {  // fill the queue; later SYNs go unanswered
+    net::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    (void)::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+    queued.push_back(std::move(fd));
+  }
+  auto start = std::chrono::steady_clock::now();
+  try {
+    TCPStore store("127.0.0.1", port, TCPStoreOptions{.timeout = 1s, .connectTimeout = 1s});
+    // The queue had room after all (kernels differ in how many they keep):
+    // then the store's first request times out instead, also bounded.
+    store.set("k", toBytes("v"));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Store) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
 TEST(TCPStore, ServerGoneIsAClearErrorAndClientReconnects) {
   auto server = std::make_unique<TCPStoreServer>("127.0.0.1", 0);
   uint16_t port = server->port();
@@ -216,7 +244,7 @@ TEST(TCPStore, ServerGoneIsAClearErrorAndClientReconnects) {
 bool serverDrops(uint16_t port, const std::vector<uint8_t>& bytes) {
   int err = 0;
   std::string detail;
-  auto fd = net::tryConnectTcp("127.0.0.1", port, err, detail);
+  auto fd = net::tryConnectTcp("127.0.0.1", port, net::Clock::now() + 5s, err, detail);
   EXPECT_TRUE(fd) << detail;
   ::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
   uint8_t buf[16];
@@ -279,7 +307,8 @@ TEST(TCPStoreServer, AClientThatNeverReadsRepliesCannotExhaustTheServer) {
   const size_t before = residentBytes();
   int errnum = 0;
   std::string detail;
-  net::Fd greedy = net::tryConnectTcp("127.0.0.1", server.port(), errnum, detail);
+  net::Fd greedy =
+      net::tryConnectTcp("127.0.0.1", server.port(), net::Clock::now() + 5s, errnum, detail);
   ASSERT_TRUE(greedy) << detail;
   auto get = sp::encode(sp::Request{.command = sp::Command::Get, .keys = {"big"}});
   std::vector<uint8_t> pipelined;
