@@ -227,6 +227,17 @@ TEST(TCPStore, AFullBacklogDoesNotOutlastTheConnectTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
 }
 
+// A server that accepts but never answers: wait() on several keys fails
+// after its timeout and a short diagnosis, not 5 s more per key.
+TEST(TCPStore, WaitOnAMuteServerTakesItsTimeoutNotMorePerKey) {
+  auto listener = net::listenTcp("127.0.0.1", 0);  // the kernel accepts; nobody reads
+  const uint16_t port = net::localPort(listener.get());
+  TCPStore store("127.0.0.1", port, TCPStoreOptions{.timeout = 1s, .connectTimeout = 1s});
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(store.wait({"a", "b", "c", "d"}, 500ms), Error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+}
+
 TEST(TCPStore, ServerGoneIsAClearErrorAndClientReconnects) {
   auto server = std::make_unique<TCPStoreServer>("127.0.0.1", 0);
   uint16_t port = server->port();
