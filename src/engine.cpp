@@ -192,7 +192,7 @@ struct Engine::Impl final : TransportSink, Steppable {
       if (needed) {
         // The others learn it from this rank (with the dead rank as the
         // cause) rather than from this rank's own departure later.
-        breakGroup(peerGone(peer, transport->peerAddress(peer)));
+        breakGroup(peerGone(peer, transport->peerAddress(peer), transport->departure(peer)));
         progress = true;
       } else {
         log(LogLevel::Info, "rank {} disconnected; operations that involve it will fail", peer);

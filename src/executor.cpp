@@ -88,7 +88,7 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
   if (!a.started) {
     for (int peer = 0; peer < static_cast<int>(dead_.size()); ++peer) {
       if (dead_[static_cast<size_t>(peer)] && needs(a, peer, chunk_)) {
-        throw peerGone(peer, transport_.peerAddress(peer));
+        throw peerGone(peer, transport_.peerAddress(peer), transport_.departure(peer));
       }
     }
     a.started = true;
@@ -274,7 +274,7 @@ bool Executor::advancePointToPoint(std::vector<std::unique_ptr<Active>>& ops, Ac
     Operation& op = *a.op;
     if (!a.started) {
       if (op.peer >= 0 && dead_[static_cast<size_t>(op.peer)]) {
-        throw peerGone(op.peer, transport_.peerAddress(op.peer));
+        throw peerGone(op.peer, transport_.peerAddress(op.peer), transport_.departure(op.peer));
       }
       a.started = true;
       a.deadline = std::chrono::steady_clock::now() + op.timeout;

@@ -4,12 +4,12 @@
 
 namespace rdmacc {
 
-Error peerGone(int peer, const std::string& address) {
+Error peerGone(int peer, const std::string& address, const Departure& how) {
   return Error(ErrorInfo{
       .kind = ErrorKind::PeerFailure,
       .message = fmt::format("rank {} disconnected", peer),
-      .call = "rdma_get_cm_event",
-      .status = "RDMA_CM_EVENT_DISCONNECTED",
+      .call = how.call,
+      .status = how.status,
       .peerRank = peer,
       .peerAddress = address,
       .hint = "its process exited or crashed, or destroyed its backend early; see its output"});

@@ -81,6 +81,9 @@ class RdmaTransport final : public Transport {
   bool poll(TransportSink& sink) override;
   bool flushCredits() override;
   std::vector<int> takeDisconnected() override { return mesh_.takeDisconnectedPeers(); }
+  Departure departure(int) const override {
+    return {"rdma_get_cm_event", "RDMA_CM_EVENT_DISCONNECTED"};
+  }
   bool directWrites(int) const override { return true; }
   void arm() override { mesh_.cq().arm(); }
   void disarm() override {}

@@ -54,6 +54,7 @@ class RoutedTransport final : public Transport, private TransportSink {
     for (int peer : second_->takeDisconnected()) gone.push_back(peer);
     return gone;
   }
+  Departure departure(int peer) const override { return of(peer).departure(peer); }
   void arm() override {
     first_->arm();
     second_->arm();

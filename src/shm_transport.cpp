@@ -145,6 +145,7 @@ struct Peer {
   sockaddr_un doorbell{};
   socklen_t doorbellLength = 0;
   bool reported = false;  // its departure was reported
+  Departure how;          // and how it showed
   SlotWindow window;
 };
 
@@ -169,6 +170,7 @@ class ShmTransport final : public Transport {
   bool poll(TransportSink& sink) override;
   bool flushCredits() override;
   std::vector<int> takeDisconnected() override;
+  Departure departure(int peer) const override { return peers_[idx(peer)].how; }
   void arm() override;
   void disarm() override { consumeEvents(); }
   std::array<int, 3> eventFds() const override { return {doorbell_.get(), -1, -1}; }
@@ -215,7 +217,15 @@ ShmTransport::ShmTransport(Store& store, const EngineOptions& options,
   geometry_.ringEntries = ringEntriesFor(options.slotsPerPeer);
   geometry_.slotBytes = options.slotBytes;
   create();
-  attach(store, options.group);
+  try {
+    attach(store, options.group);
+  } catch (...) {
+    // A constructor that throws runs no destructor: without this, a peer that
+    // never arrived would leave our segment in /dev/shm.
+    if (!unlinked_) ::shm_unlink(name_.c_str());
+    unlinked_ = true;
+    throw;
+  }
 }
 
 // Our segment: created exclusive, 0600, its memory reserved now (so a full
@@ -453,6 +463,9 @@ std::vector<int> ShmTransport::takeDisconnected() {
     }
     if (exited || p.head->departed.load() != 0) {
       p.reported = true;
+      p.how = exited ? Departure{p.pidfd ? "poll(pidfd)" : "kill(pid, 0)",
+                                 fmt::format("process {} exited", p.pid)}
+                     : Departure{"shared memory", "its backend went away"};
       gone.push_back(rank);
     }
   }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "rdmacc/error.hpp"
+#include "src/peer_errors.hpp"
 #include "src/wire.hpp"
 
 namespace rdmacc {
@@ -105,8 +106,9 @@ class Transport {
   // Credits that found no message to ride on go to peers that may be short
   // of slots; true when any went.
   virtual bool flushCredits() = 0;
-  // Peers whose connection ended since the last call.
+  // Peers whose connection ended since the last call, and how that showed.
   virtual std::vector<int> takeDisconnected() = 0;
+  virtual Departure departure(int peer) const = 0;
 
   // Sleeping: arm() asks for an event on the next arrival; eventFds() are
   // readable on one (or on a disconnect), -1 for none, the same for the

@@ -1,0 +1,51 @@
+// The shared-memory transport's setup, without a second process: what is
+// left behind when a local peer never arrives.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "rdmacc/backend.hpp"
+#include "rdmacc/error.hpp"
+#include "rdmacc/store.hpp"
+#include "src/store_util.hpp"
+
+namespace rdmacc {
+namespace {
+
+using namespace std::chrono_literals;
+
+size_t ourSegments() {
+  size_t n = 0;
+  const std::string prefix = "rdmacc-" + std::to_string(::getpid()) + "-";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().starts_with(prefix)) ++n;
+  }
+  return n;
+}
+
+// Rank 1 announced itself on this host and then never published its segment:
+// rank 0's setup fails with a store timeout, and its own segment is unlinked
+// (a constructor that throws runs no destructor).
+TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
+  auto store = std::make_shared<HashStore>(500ms);
+  store->set("rdmacc/host/lonely/1", toBytes("shm\nsame-host"));
+  const size_t before = ourSegments();
+  try {
+    VerbsBackend backend(store, 0, 2,
+                         VerbsBackend::Options{.groupName = "lonely",
+                                               .config = {{"RDMACC_TRANSPORT", "shm"},
+                                                          {"RDMACC_HOST_ID", "same-host"},
+                                                          {"RDMACC_STORE_TIMEOUT", "500ms"}}});
+    FAIL() << "a group formed without rank 1";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rdmacc/shm/lonely"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ourSegments(), before);
+}
+
+}  // namespace
+}  // namespace rdmacc
