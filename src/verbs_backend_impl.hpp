@@ -1,0 +1,369 @@
+// VerbsBackend's state and the argument checks its calls share: private to
+// verbs_backend.cpp (construction, point-to-point, barriers, sequence
+// numbers) and collectives.cpp (the collective calls, each turned into an
+// Operation with its schedule).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "rdmacc/backend.hpp"
+#include "rdmacc/config.hpp"
+#include "rdmacc/environment.hpp"
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+#include "rdmacc/tuning.hpp"
+#include "src/algorithms/algorithms.hpp"
+#include "src/arguments.hpp"
+#include "src/engine.hpp"
+#include "src/mesh.hpp"
+#include "src/reduce.hpp"
+#include "src/registration_cache.hpp"
+#include "src/store_util.hpp"
+#include "verbs/qp.hpp"
+
+namespace rdmacc {
+
+constexpr int kLinearAlltoallMaxRanks = 8;          // Auto alltoall: every pair at once up to here
+constexpr uint32_t kInternalTagBase = 0x80000000u;  // user tags are non-negative ints
+
+inline Tensor& single(std::vector<Tensor>& tensors, const char* op) {
+  if (tensors.size() != 1) {
+    invalid(fmt::format("{} takes exactly one tensor per rank, got {}", op, tensors.size()),
+            "rdmacc drives one CPU tensor per call; use allreduce_coalesced for many");
+  }
+  checkTensor(tensors[0], op, "the tensor");
+  return tensors[0];
+}
+
+inline void checkReduce(ReduceOp op, DataType dtype, double factor, const char* name) {
+  if (!supports(op, dtype)) {
+    invalid(
+        fmt::format("{}: reduce op {} is not defined for {}", name, toString(op), toString(dtype)),
+        isFloatingPoint(dtype) ? "band/bor/bxor need an integer or bool tensor"
+                               : "avg and premulsum need a numeric (non-bool) tensor");
+  }
+  if (op == ReduceOp::PreMulSum && !std::isfinite(factor)) {
+    invalid(fmt::format("{}: the PreMulSum factor {} is not finite", name, factor));
+  }
+}
+
+inline int checkRoot(int64_t root, int size, const char* op) {
+  if (root < 0 || root >= size)
+    invalid(fmt::format("{}: root rank {} is not in [0, {})", op, root, size));
+  return static_cast<int>(root);
+}
+
+inline void checkSame(const Tensor& a, const Tensor& b, const char* op, const char* what) {
+  checkTensor(b, op, what);
+  if (a.dtype != b.dtype || a.numel != b.numel) {
+    invalid(fmt::format("{}: {} is {} x {}, but the input is {} x {}", op, what, b.numel,
+                        toString(b.dtype), a.numel, toString(a.dtype)),
+            "every tensor of the call must match the input's size and dtype");
+  }
+}
+
+inline uint64_t checkValue(uint64_t bytes, uint64_t a = 0, uint64_t b = 0, uint64_t c = 0) {
+  return bytes ^ (a << 40) ^ (b << 48) ^ (c << 56);
+}
+
+inline uint8_t* bytesOf(const Tensor& t) {
+  return static_cast<uint8_t*>(t.data);
+}
+
+struct VerbsBackend::Impl {
+  std::shared_ptr<Store> store;
+  int rank;
+  int size;
+  Config config;
+  std::chrono::milliseconds defaultTimeout;
+  size_t treeMaxBytes;
+  TuningTable tuning;
+  std::string group;
+  std::unique_ptr<Mesh> mesh;
+  std::unique_ptr<RegistrationCache> registrations;    // after the mesh (its PD)
+  std::unique_ptr<Engine> engine;                      // after both: stopped first
+  std::shared_ptr<const Work::ProgressDriver> driver;  // the engine's, for every Work
+  std::mutex submitMutex;                              // sequence numbers follow submission order
+  uint64_t sequence = 0;
+  uint64_t pointToPointCount = 0;
+  uint32_t monitoredBarriers = 0;
+
+  // A schedule depends only on the collective's shape (and this rank and
+  // group): the most recent ones are shared by the operations that repeat
+  // them, as a training loop does, instead of rebuilt (and allocated) for
+  // every call.
+  struct Shape {
+    OpType type = OpType::Barrier;
+    Algorithm algorithm = Algorithm::Auto;
+    int root = -1;
+    size_t bytes = 0;
+    size_t elementSize = 0;
+    bool avg = false;
+    friend bool operator==(const Shape&, const Shape&) = default;
+  };
+  struct CachedSchedule {
+    Shape shape;
+    std::shared_ptr<const Schedule> schedule;
+    uint64_t lastUse = 0;
+  };
+  static constexpr size_t kCachedSchedules = 32;
+  std::mutex schedulesMutex;
+  std::vector<CachedSchedule> schedules;
+  uint64_t scheduleUses = 0;
+
+  template <typename Build>
+  std::shared_ptr<const Schedule> scheduleFor(const Shape& shape, Build&& build) {
+    {
+      std::lock_guard lock(schedulesMutex);
+      for (CachedSchedule& c : schedules) {
+        if (c.shape == shape) {
+          c.lastUse = ++scheduleUses;
+          return c.schedule;
+        }
+      }
+    }
+    auto built = std::make_shared<const Schedule>(build());
+    std::lock_guard lock(schedulesMutex);
+    if (schedules.size() < kCachedSchedules) {
+      schedules.push_back({shape, built, ++scheduleUses});
+    } else {
+      auto oldest = std::min_element(
+          schedules.begin(), schedules.end(),
+          [](const CachedSchedule& a, const CachedSchedule& b) { return a.lastUse < b.lastUse; });
+      *oldest = {shape, built, ++scheduleUses};
+    }
+    return built;
+  }
+
+  std::chrono::milliseconds timeoutOf(std::chrono::milliseconds t) const {
+    return t.count() < 0 ? defaultTimeout : t;
+  }
+
+  // The call's choice, else RDMACC_ALGO_<OP>, else the tuning table
+  // (RDMACC_TUNE_FILE), else trees up to RDMACC_TREE_MAX_BYTES.
+  Algorithm choose(Algorithm requested, const char* collective, const char* envName,
+                   size_t bytes) const {
+    if (requested != Algorithm::Auto) return requested;
+    const std::string& env = config.getString(envName);
+    if (env == "ring") return Algorithm::Ring;
+    if (env == "tree") return Algorithm::Tree;
+    if (env == "recursive_doubling" && std::string_view(collective) == "allreduce") {
+      return Algorithm::RecursiveDoubling;
+    }
+    if (auto tuned = tuning.lookup(collective, size, bytes)) return *tuned;
+    if (bytes > treeMaxBytes) return Algorithm::Ring;
+    // Small allreduces in power-of-two groups: log2 n exchanges instead of a
+    // tree's 2 log2 n hops.
+    return std::string_view(collective) == "allreduce" && size > 1 && algorithms::isPowerOfTwo(size)
+               ? Algorithm::RecursiveDoubling
+               : Algorithm::Tree;
+  }
+
+  // Latency-bound allgathers (by the gathered size, the same on every rank)
+  // go to every rank at once; larger ones around the ring.
+  Schedule allgatherSchedule(Algorithm requested, const std::vector<Range>& blocks,
+                             size_t gatheredBytes) const {
+    Algorithm algo = requested;
+    if (algo == Algorithm::Auto) {
+      if (auto tuned = tuning.lookup("allgather", size, gatheredBytes)) {
+        algo = *tuned;
+      } else {
+        algo = gatheredBytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
+      }
+    }
+    if (algo == Algorithm::Ring) return algorithms::ringAllgather(rank, size, blocks);
+    if (algo == Algorithm::Linear) return algorithms::linearAllgather(rank, size, blocks);
+    invalid(fmt::format("allgather has no {} algorithm", toString(algo)), "use ring or linear");
+  }
+
+  // Reduce-scatter of every rank's whole input, laid out in `blocks` in the
+  // returned scratch (the caller's prologue fills it), into `out`: around the
+  // ring, or for latency-bound sizes (the total is the same on every rank) in
+  // one step: rank p gets block p from everyone and combines the
+  // contributions in rank order (the same sums whatever arrives first).
+  uint8_t* planReduceScatter(Operation& op, Algorithm requested, const std::vector<Range>& blocks,
+                             size_t totalBytes, const Tensor& out, ReduceOp reduceOp) const {
+    Algorithm algo = requested;
+    if (algo == Algorithm::Auto) {
+      algo = totalBytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
+    }
+    if (algo != Algorithm::Ring && algo != Algorithm::Linear) {
+      invalid(fmt::format("reduce_scatter has no {} algorithm", toString(algo)),
+              "use ring or linear");
+    }
+    const bool avg = reduceOp == ReduceOp::Avg;
+    const Range mine = blocks[static_cast<size_t>(rank)];
+    op.dtype = out.dtype;
+    op.reduceOp = reduceOp;
+    if (algo == Algorithm::Ring) {
+      op.scratch.resize(totalBytes);
+      uint8_t* flat = op.scratch.data();
+      op.schedule =
+          std::make_shared<const Schedule>(algorithms::ringReduceScatter(rank, size, blocks, avg));
+      op.sendBase = op.recvBase = flat;
+      op.avgDivisor = avg ? size : 0;
+      op.epilogue = [flat, out, mine] {
+        if (mine.bytes > 0) std::memcpy(out.data, flat + mine.offset, mine.bytes);
+      };
+      return flat;
+    }
+    op.scratch.resize(totalBytes + static_cast<size_t>(size - 1) * mine.bytes);
+    uint8_t* flat = op.scratch.data();
+    uint8_t* gathered = flat + totalBytes;
+    op.schedule =
+        std::make_shared<const Schedule>(algorithms::linearReduceScatter(rank, size, blocks));
+    op.sendBase = flat;
+    op.recvBase = gathered;
+    op.epilogue = [flat, gathered, out, mine, me = rank, n = size, reduceOp, avg] {
+      if (mine.bytes == 0) return;
+      auto part = [&](int r) -> const uint8_t* {
+        if (r == me) return flat + mine.offset;
+        return gathered + static_cast<size_t>(r < me ? r : r - 1) * mine.bytes;
+      };
+      size_t count = mine.bytes / elementSize(out.dtype);
+      std::memcpy(out.data, part(0), mine.bytes);
+      for (int r = 1; r < n; ++r) reduceInto(out.data, part(r), count, out.dtype, reduceOp);
+      if (avg) divideBy(out.data, count, out.dtype, n);
+    };
+    return flat;
+  }
+
+  // Sizes may differ between ranks, so only the group decides: every pair at
+  // once in small groups, pairwise steps (no incast) in larger ones.
+  Schedule alltoallSchedule(Algorithm requested, const std::vector<Range>& sendBlocks,
+                            const std::vector<Range>& recvBlocks) const {
+    Algorithm algo = requested;
+    if (algo == Algorithm::Auto) {
+      algo = size <= kLinearAlltoallMaxRanks ? Algorithm::Linear : Algorithm::Pairwise;
+    }
+    if (algo == Algorithm::Pairwise) {
+      return algorithms::pairwiseAlltoall(rank, size, sendBlocks, recvBlocks);
+    }
+    if (algo == Algorithm::Linear) {
+      return algorithms::linearAlltoall(rank, size, sendBlocks, recvBlocks);
+    }
+    invalid(fmt::format("alltoall has no {} algorithm", toString(algo)), "use pairwise or linear");
+  }
+
+  std::shared_ptr<Work> submit(std::unique_ptr<Operation> op) {
+    std::lock_guard lock(submitMutex);
+    if (op->pointToPoint) {
+      op->sequence = ++pointToPointCount;
+    } else {
+      op->sequence = ++sequence;
+    }
+    op->work = std::make_shared<Work>(op->type, op->sequence);
+    auto work = op->work;
+    Engine* e = engine.get();
+    work->setAbortHandler([e](const Work& w) {
+      e->abort(
+          fmt::format("{} #{} was aborted by the user", toString(w.opType()), w.sequenceNumber()));
+    });
+    work->setProgressDriver(driver);
+    engine->submit(std::move(op));
+    return work;
+  }
+
+  std::unique_ptr<Operation> collective(OpType type, std::chrono::milliseconds timeout) {
+    auto op = std::make_unique<Operation>();
+    op->type = type;
+    op->timeout = timeoutOf(timeout);
+    return op;
+  }
+
+  // An allreduce over one contiguous buffer (used by allreduce and allreduce_coalesced).
+  void buildAllreduce(Operation& op, uint8_t* data, size_t count, DataType dtype, ReduceOp reduceOp,
+                      double factor, Algorithm algorithm) {
+    size_t es = elementSize(dtype);
+    size_t bytes = count * es;
+    Algorithm algo = choose(algorithm, "allreduce", "RDMACC_ALGO_ALLREDUCE", bytes);
+    if (algo != Algorithm::Ring && algo != Algorithm::Tree &&
+        algo != Algorithm::RecursiveDoubling) {
+      invalid(fmt::format("allreduce has no {} algorithm", toString(algo)),
+              "use ring, tree or recursive_doubling");
+    }
+    if (algo == Algorithm::RecursiveDoubling && !algorithms::isPowerOfTwo(size)) {
+      invalid(fmt::format("recursive doubling needs a power-of-two group, not {} ranks", size),
+              "use ring or tree (or auto) for this group");
+    }
+    bool avg = reduceOp == ReduceOp::Avg;
+    op.schedule = scheduleFor(
+        Shape{.type = OpType::Allreduce,
+              .algorithm = algo,
+              .bytes = bytes,
+              .elementSize = es,
+              .avg = avg},
+        [&] {
+          return algo == Algorithm::Ring
+                     ? algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg)
+                 : algo == Algorithm::Tree
+                     ? algorithms::treeAllreduce(rank, size, bytes, avg)
+                     : algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
+        });
+    op.sendBase = op.recvBase = data;
+    op.dtype = dtype;
+    op.reduceOp = reduceOp;
+    op.avgDivisor = avg ? size : 0;
+    op.checkValue = checkValue(bytes, static_cast<uint64_t>(reduceOp), static_cast<uint64_t>(dtype),
+                               static_cast<uint64_t>(algo));
+    if (reduceOp == ReduceOp::PreMulSum) {
+      op.prologue = [data, count, dtype, factor] { scaleBy(data, count, dtype, factor); };
+    }
+    op.describe("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp), toString(algo));
+  }
+
+  // allgather and allgather_coalesced: every rank's inputs packed into one block.
+  std::shared_ptr<Work> allgatherPacked(OpType type, std::vector<std::vector<Tensor>>& outputLists,
+                                        std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
+    if (outputLists.size() != static_cast<size_t>(size)) {
+      invalid(fmt::format("allgather_coalesced needs {} output lists (one per rank), got {}", size,
+                          outputLists.size()));
+    }
+    size_t perRank = 0;
+    for (const auto& t : inputs) {
+      checkTensor(t, "allgather_coalesced", "an input");
+      perRank += t.bytes();
+    }
+    for (const auto& list : outputLists) {
+      if (list.size() != inputs.size())
+        invalid("allgather_coalesced: every output list must match the input list");
+      for (size_t i = 0; i < list.size(); ++i)
+        checkSame(inputs[i], list[i], "allgather_coalesced", "an output");
+    }
+    auto op = collective(type, opts.timeout);
+    op->scratch.resize(perRank * static_cast<size_t>(size));
+    uint8_t* flat = op->scratch.data();
+    op->schedule = std::make_shared<const Schedule>(allgatherSchedule(
+        opts.algorithm, uniformBlocks(perRank, size), perRank * static_cast<size_t>(size)));
+    op->sendBase = op->recvBase = flat;
+    std::vector<Tensor> ins = inputs;
+    std::vector<std::vector<Tensor>> outs = outputLists;
+    int me = rank;
+    op->prologue = [flat, ins, perRank, me] {
+      size_t at = perRank * static_cast<size_t>(me);
+      for (const auto& t : ins) {
+        if (t.bytes() > 0) std::memcpy(flat + at, t.data, t.bytes());
+        at += t.bytes();
+      }
+    };
+    op->epilogue = [flat, outs] {
+      size_t at = 0;
+      for (const auto& list : outs) {
+        for (const auto& t : list) {
+          if (t.bytes() > 0) std::memcpy(t.data, flat + at, t.bytes());
+          at += t.bytes();
+        }
+      }
+    };
+    op->checkValue = checkValue(perRank, inputs.size());
+    op->describe("{} tensor(s), {} bytes per rank", inputs.size(), perRank);
+    return submit(std::move(op));
+  }
+};
+
+}  // namespace rdmacc
