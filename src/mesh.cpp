@@ -516,13 +516,6 @@ ibv_qp* Mesh::qp(int peer, int index) const {
   return c->qp.get();
 }
 
-int Mesh::ranksOnThisAddress() const {
-  std::string prefix = endpoint_.ipv4 + ":";
-  return 1 + static_cast<int>(std::count_if(
-                 peerAddresses_.begin(), peerAddresses_.end(),
-                 [&](const std::string& address) { return address.starts_with(prefix); }));
-}
-
 int Mesh::pathMtu(int peer) const {
   const auto& c = connections_.at(static_cast<size_t>(peer * qpsPerPeer_));
   return c ? c->pathMtu : endpoint_.activeMtu;

@@ -44,9 +44,6 @@ class Mesh {
   int pathMtu(int peer) const;
   // "ip:port (GID ...)" for error messages.
   const std::string& peerAddress(int peer) const;
-  // Ranks of the group (this one included) that bound the same IPv4 address:
-  // processes on this host sharing its device.
-  int ranksOnThisAddress() const;
   const verbs::QpParams& qpParams() const noexcept { return params_; }
 
   // After the mesh formed: the rdma_cm event channel (readable when a peer
