@@ -1,4 +1,5 @@
 #include "src/active.hpp"
+#include "src/matching.hpp"
 
 #include "src/registration_cache.hpp"
 
@@ -87,9 +88,16 @@ bool mayStartAhead(const std::deque<std::unique_ptr<Active>>& collectives, size_
   return true;
 }
 
-bool needs(const Active& a, int peer, size_t chunk) {
+bool needs(const Active& a, int peer, size_t chunk, const Matching& matching) {
   const Operation& op = *a.op;
-  if (op.pointToPoint) return op.peer == peer || (op.peer < 0 && a.source == peer);
+  if (op.pointToPoint) {
+    if (op.peer < 0) return a.source == peer;
+    if (op.peer != peer) return false;
+    if (op.isSend) return true;
+    return a.chunks + matching.waiting(peer, wire::MessageKind::PointToPoint, op.tag, 0) <
+           messageCount(op.bytes, chunk);
+  }
+  const auto sequence = static_cast<uint32_t>(op.sequence);
   for (size_t k = a.started ? a.step : 0; k < op.steps().size(); ++k) {
     const Step& s = op.steps()[k];
     const bool current = a.started && k == a.step;
@@ -97,9 +105,15 @@ bool needs(const Active& a, int peer, size_t chunk) {
       bool done = current && a.sentMessages[i] == messageCount(s.sends[i].range.bytes, chunk);
       if (s.sends[i].peer == peer && !done) return true;
     }
+    size_t missing = 0;
     for (size_t j = 0; j < s.recvs.size(); ++j) {
-      bool done = current && a.receivedMessages[j] == messageCount(s.recvs[j].range.bytes, chunk);
-      if (s.recvs[j].peer == peer && !done) return true;
+      if (s.recvs[j].peer != peer) continue;
+      const size_t got = current ? a.receivedMessages[j] : 0;
+      missing += messageCount(s.recvs[j].range.bytes, chunk) - got;
+    }
+    if (missing > 0 && matching.waiting(peer, wire::MessageKind::Collective, sequence,
+                                        static_cast<uint32_t>(k)) < missing) {
+      return true;
     }
   }
   return false;

@@ -95,8 +95,12 @@ void computeFootprint(Active& a, size_t chunk);
 // it, as it would on a stream).
 bool mayStartAhead(const std::deque<std::unique_ptr<Active>>& collectives, size_t i);
 
-// Whether the operation still has to exchange messages with peer.
-bool needs(const Active& a, int peer, size_t chunk);
+class Matching;
+
+// Whether the operation still has to exchange messages with peer: a send it
+// has not made, or a receive whose messages are not all in the inbox
+// already (a peer that left after sending delivered them).
+bool needs(const Active& a, int peer, size_t chunk, const Matching& matching);
 
 // The peers the operation waits for in its current step (for errors).
 std::vector<int> awaited(const Active& a, size_t chunk);

@@ -46,6 +46,10 @@ struct Engine::Impl final : TransportSink, Steppable {
   std::unique_ptr<Transport> transport;
   size_t chunk;
   std::vector<bool> dead;  // peers that disconnected
+  // Peers that disconnected at least kDepartureGrace ago: what they sent
+  // before leaving has arrived, so an operation that still misses messages
+  // of theirs (or must send to them) fails.
+  std::vector<bool> gone;
   Matching matching;
   Executor executor;
   ActivePool pool;
@@ -79,8 +83,9 @@ struct Engine::Impl final : TransportSink, Steppable {
         transport(makeTransport(mesh, store, options)),
         chunk(transport->chunkBytes()),
         dead(static_cast<size_t>(size), false),
+        gone(static_cast<size_t>(size), false),
         matching(*transport, size),
-        executor(*transport, matching, options, dead),
+        executor(*transport, matching, options, gone),
         loop(*transport, *this, options) {}
 
   static EngineOptions resolved(EngineOptions o) {
@@ -159,10 +164,10 @@ struct Engine::Impl final : TransportSink, Steppable {
   // A departed peer fails the operations that still need it (and so the
   // group); operations that are past it finish normally.
   bool pollConnectionEvents() {
-    auto gone = transport->takeDisconnected();
-    bool progress = !gone.empty();
+    auto left = transport->takeDisconnected();
+    bool progress = !left.empty();
     auto now = Clock::now();
-    for (int peer : gone) {
+    for (int peer : left) {
       if (dead[static_cast<size_t>(peer)]) continue;
       dead[static_cast<size_t>(peer)] = true;
       departures.emplace_back(peer, now + kDepartureGrace);
@@ -186,9 +191,10 @@ struct Engine::Impl final : TransportSink, Steppable {
       }
       int peer = it->first;
       it = departures.erase(it);
+      gone[static_cast<size_t>(peer)] = true;
       bool needed = false;
-      for (const auto& a : collectives) needed = needed || needs(*a, peer, chunk);
-      for (const auto& a : pointToPoint) needed = needed || needs(*a, peer, chunk);
+      for (const auto& a : collectives) needed = needed || needs(*a, peer, chunk, matching);
+      for (const auto& a : pointToPoint) needed = needed || needs(*a, peer, chunk, matching);
       if (needed) {
         // The others learn it from this rank (with the dead rank as the
         // cause) rather than from this rank's own departure later.

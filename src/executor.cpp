@@ -19,11 +19,11 @@ using wire::kDirect;
 using wire::MessageKind;
 
 Executor::Executor(Transport& transport, Matching& matching, const EngineOptions& options,
-                   const std::vector<bool>& dead)
+                   const std::vector<bool>& gone)
     : transport_(transport),
       matching_(matching),
       options_(options),
-      dead_(dead),
+      gone_(gone),
       chunk_(transport.chunkBytes()) {}
 
 // --------------------------------------------------------- collectives --
@@ -86,8 +86,8 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
   Operation& op = *a.op;
   bool progress = false;
   if (!a.started) {
-    for (int peer = 0; peer < static_cast<int>(dead_.size()); ++peer) {
-      if (dead_[static_cast<size_t>(peer)] && needs(a, peer, chunk_)) {
+    for (int peer = 0; peer < static_cast<int>(gone_.size()); ++peer) {
+      if (gone_[static_cast<size_t>(peer)] && needs(a, peer, chunk_, matching_)) {
         throw peerGone(peer, transport_.peerAddress(peer), transport_.departure(peer));
       }
     }
@@ -268,12 +268,13 @@ bool Executor::advanceRecv(Active& a) {
 bool Executor::advancePointToPoint(std::vector<std::unique_ptr<Active>>& ops, ActivePool& pool) {
   if (ops.empty()) return false;
   bool progress = false;
-  streaming_.assign(dead_.size(), 0);  // one send per peer at a time
+  streaming_.assign(gone_.size(), 0);  // one send per peer at a time
   for (auto it = ops.begin(); it != ops.end();) {
     Active& a = **it;
     Operation& op = *a.op;
     if (!a.started) {
-      if (op.peer >= 0 && dead_[static_cast<size_t>(op.peer)]) {
+      if (op.peer >= 0 && gone_[static_cast<size_t>(op.peer)] &&
+          needs(a, op.peer, chunk_, matching_)) {
         throw peerGone(op.peer, transport_.peerAddress(op.peer), transport_.departure(op.peer));
       }
       a.started = true;

@@ -19,9 +19,10 @@ namespace rdmacc {
 
 class Executor {
  public:
-  // `dead`: the peers whose connection ended (the engine's, updated by it).
+  // `gone`: the peers that left (the engine's, updated by it) long enough ago
+  // that what they sent has arrived.
   Executor(Transport& transport, Matching& matching, const EngineOptions& options,
-           const std::vector<bool>& dead);
+           const std::vector<bool>& gone);
 
   // Starts the collective (on its first call: copy-in, prologue, adverts) and
   // moves it on; sets a.finished once every step and the epilogue are done.
@@ -42,7 +43,7 @@ class Executor {
   Transport& transport_;
   Matching& matching_;
   const EngineOptions& options_;
-  const std::vector<bool>& dead_;
+  const std::vector<bool>& gone_;
   size_t chunk_;
   std::vector<char> streaming_;  // advancePointToPoint: peers with a send in progress
 };

@@ -77,6 +77,16 @@ std::optional<Matching::It> Matching::findCollective(const Expectation& e, int p
   return std::nullopt;
 }
 
+size_t Matching::waiting(int peer, MessageKind kind, uint32_t sequence, uint32_t step) const {
+  size_t n = 0;
+  for (const Incoming& in : inbox_[static_cast<size_t>(peer)]) {
+    const Header& h = in.header;
+    n += h.kind == kind && h.sequence == sequence &&
+         (kind == MessageKind::PointToPoint || h.step == step);
+  }
+  return n;
+}
+
 std::optional<Matching::Found> Matching::findPointToPoint(int source, uint32_t tag,
                                                           uint32_t index) {
   std::optional<Found> match;

@@ -54,6 +54,10 @@ class Matching {
   const uint8_t* payload(int peer, const Incoming& in) const {
     return transport_.payload(peer, in.slot);
   }
+  // How many messages from peer wait in the inbox for collective `sequence`
+  // step `step`, or (kind PointToPoint) for `tag` (sequence), any step: what
+  // a departed peer still delivers.
+  size_t waiting(int peer, wire::MessageKind kind, uint32_t sequence, uint32_t step) const;
   // The message was used: its slot goes back to the peer.
   void consume(int peer, It in);
 

@@ -99,6 +99,48 @@ TEST(Failure, DeathIsPassedOnToRanksThatDoNotTalkToTheDeadRank) {
   EXPECT_LT(took, 5s) << "rank " << rank << " waited for its timeout: " << error;
 }
 
+// A rank that sent and then left (its collectives and sends complete, it
+// destroys its backend and exits, as a rank does that finishes first) has
+// delivered: the others take its messages after it is gone, as over TCP.
+// (ZeroRedundancyOptimizer's last broadcasts came from a rank that had
+// already left; the receivers failed with "its backend went away".)
+TEST(Failure, WhatALeavingRankSentIsStillDelivered) {
+  auto backend = makeBackend("leaving");
+  const int rank = backend->getRank(), size = backend->getSize();
+  ASSERT_GE(size, 3);
+  const int leaver = size - 1;
+  backend->barrier()->wait();
+  std::vector<float> message(3000), broadcast(64);  // 3 chunks of a 4 KiB slot; 1
+  std::vector<Tensor> m{Tensor{message.data(), message.size(), DataType::Float32}};
+  std::vector<Tensor> b{Tensor{broadcast.data(), broadcast.size(), DataType::Float32}};
+  if (rank == leaver) {
+    for (size_t i = 0; i < message.size(); ++i) message[i] = static_cast<float>(i);
+    for (size_t i = 0; i < broadcast.size(); ++i) broadcast[i] = static_cast<float>(2 * i);
+    auto sent = backend->send(m, 0, 5);
+    backend->broadcast(b, BroadcastOptions{.rootRank = leaver, .timeout = 20s})->wait();
+    sent->wait();
+    backend.reset();
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  // Well past the departure's grace: the leaver is gone when these start.
+  std::this_thread::sleep_for(1500ms);
+  auto got = rank == 0 ? outcome(backend->recv(m, leaver, 5), Clock::now())
+                       : std::pair<std::string, Clock::duration>{};
+  EXPECT_EQ(got.first, "");
+  auto [error, took] = outcome(
+      backend->broadcast(b, BroadcastOptions{.rootRank = leaver, .timeout = 20s}), Clock::now());
+  EXPECT_EQ(error, "");
+  for (size_t i = 0; i < broadcast.size(); ++i) ASSERT_EQ(broadcast[i], 2.0f * i) << i;
+  if (rank == 0) {
+    for (size_t i = 0; i < message.size(); ++i) ASSERT_EQ(message[i], 1.0f * i) << i;
+  }
+  // What it did not send is not waited for: a receive from it fails at once.
+  auto [late, lateTook] = outcome(backend->recv(m, leaver, 6), Clock::now());
+  EXPECT_NE(late.find(fmt::format("rank {}", leaver)), std::string::npos) << late;
+  EXPECT_LT(lateTook, 2s) << late;
+}
+
 TEST(Failure, TimeoutNamesTheOpAndTheAwaitedRank) {
   auto backend = makeBackend("timeout");
   const int rank = backend->getRank(), size = backend->getSize();
