@@ -95,6 +95,8 @@ constexpr std::array kOptions = {
     "port of the launcher's store when RDMACC_AGENT_STORE=1; 0: MASTER_PORT (rdmacc-run sets it, leaving MASTER_PORT to torch.distributed)", 0, 65535},
   OptionSpec{"RDMACC_LOG_LEVEL", String, "warn", "",
     "log level: trace, debug, info, warn, error or off", 0, 0},
+  OptionSpec{"RDMACC_LOG_FILE", String, "", "",
+    "write log lines to this file (appended) instead of stderr; %h: the host name, %p: the process id (one file per rank: /tmp/rdmacc.%h.%p.log)", 0, 0},
 };
 // clang-format on
 
@@ -375,6 +377,16 @@ const std::string& Config::raw(std::string_view name) const {
     throw Error(ErrorKind::Internal, fmt::format("no config option named {}", name));
   }
   return it->second.text;
+}
+
+std::vector<std::string> Config::nonDefault() const {
+  std::vector<std::string> out;
+  for (const auto& spec : optionTable()) {
+    if (source(spec.name) != ValueSource::Default) {
+      out.push_back(fmt::format("{}={}", spec.name, raw(spec.name)));
+    }
+  }
+  return out;
 }
 
 ValueSource Config::source(std::string_view name) const {

@@ -28,6 +28,30 @@ int envInt(const char* name, int min, int max) {
 
 }  // namespace
 
+std::vector<std::string> launcherVariables() {
+  constexpr const char* kNames[] = {"RANK",
+                                    "WORLD_SIZE",
+                                    "LOCAL_RANK",
+                                    "LOCAL_WORLD_SIZE",
+                                    "MASTER_ADDR",
+                                    "MASTER_PORT",
+                                    "OMPI_COMM_WORLD_RANK",
+                                    "OMPI_COMM_WORLD_SIZE",
+                                    "OMPI_COMM_WORLD_LOCAL_RANK",
+                                    "PMI_RANK",
+                                    "PMI_SIZE",
+                                    "MPI_LOCALRANKID",
+                                    "SLURM_PROCID",
+                                    "SLURM_NTASKS",
+                                    "SLURM_LOCALID",
+                                    "SLURM_JOB_ID"};
+  std::vector<std::string> out;
+  for (const char* name : kNames) {
+    if (const char* value = env(name)) out.push_back(fmt::format("{}={}", name, value));
+  }
+  return out;
+}
+
 GroupEnvironment groupFromEnvironment(const Config& config) {
   GroupEnvironment g;
   struct Scheme {

@@ -1,13 +1,18 @@
 #include "rdmacc/log.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <string>
 
 #include "rdmacc/error.hpp"
 
@@ -29,10 +34,56 @@ std::atomic<LogLevel>& levelRef() noexcept {
   return level;
 }
 
+// RDMACC_LOG_FILE with %h (host name) and %p (pid) expanded; %% is a %.
+std::string expandLogPath(std::string_view pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '%' || i + 1 == pattern.size()) {
+      out += pattern[i];
+      continue;
+    }
+    const char c = pattern[++i];
+    if (c == 'h') {
+      std::array<char, 256> host{};
+      if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
+      out += host.data();
+    } else if (c == 'p') {
+      out += std::to_string(::getpid());
+    } else if (c == '%') {
+      out += '%';
+    } else {
+      out += '%';
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Where lines go without a user sink: the file RDMACC_LOG_FILE names (opened
+// once, appended, close-on-exec), else stderr. A file that cannot be opened
+// is reported on stderr once, naming it and why, and lines stay on stderr.
+int openLogFile() noexcept {
+  const char* pattern = std::getenv("RDMACC_LOG_FILE");
+  if (pattern == nullptr || *pattern == '\0') return STDERR_FILENO;
+  try {
+    const std::string path = expandLogPath(pattern);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (fd >= 0) return fd;
+    std::string line =
+        fmt::format("rdmacc warn: RDMACC_LOG_FILE: cannot open '{}' ({}); logging to stderr\n",
+                    path, std::strerror(errno));
+    ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+    (void)ignored;
+  } catch (...) {
+  }
+  return STDERR_FILENO;
+}
+
 struct SinkState {
   std::mutex mutex;
   std::string prefix;
   std::function<void(LogLevel, std::string_view)> sink;
+  int fd = openLogFile();
 };
 
 SinkState& sinkState() {
@@ -86,6 +137,12 @@ void setLogPrefix(std::string prefix) {
   state.prefix = std::move(prefix);
 }
 
+void setDefaultLogPrefix(std::string prefix) {
+  auto& state = sinkState();
+  std::lock_guard lock(state.mutex);
+  if (state.prefix.empty()) state.prefix = std::move(prefix);
+}
+
 void setLogSink(std::function<void(LogLevel, std::string_view)> sink) {
   auto& state = sinkState();
   std::lock_guard lock(state.mutex);
@@ -105,7 +162,7 @@ void logMessage(LogLevel level, std::string_view message) noexcept {
             ? fmt::format("rdmacc {}: {}\n", toString(level), message)
             : fmt::format("rdmacc {} {}: {}\n", state.prefix, toString(level), message);
     // One write() per line so that lines of concurrent processes do not interleave.
-    ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+    ssize_t ignored = ::write(state.fd, line.data(), line.size());
     (void)ignored;
   } catch (...) {
   }

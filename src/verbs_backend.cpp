@@ -1,6 +1,10 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <array>
+
+#include "rdmacc/environment.hpp"
+#include "rdmacc/version.hpp"
 #include "src/host_identity.hpp"
 #include "src/verbs_backend_impl.hpp"
 
@@ -10,7 +14,7 @@ namespace {
 // RDMACC_SPIN_YIELD: auto yields when this host runs more of the group's ranks
 // than this process may use CPUs (each spinning rank would otherwise hold a
 // CPU the rank it waits for needs).
-bool spinYield(const std::string& setting, int rank, int local) {
+bool spinYield(const std::string& setting, int local) {
   if (setting != "auto") return setting == "1";
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -18,7 +22,7 @@ bool spinYield(const std::string& setting, int rank, int local) {
                  ? CPU_COUNT(&set)
                  : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   bool yield = local > cpus;
-  log(LogLevel::Info, "rank {}: {} ranks on this host, {} CPUs: {}", rank, local, cpus,
+  log(LogLevel::Info, "{} of the group's ranks on this host, {} CPUs: {}", local, cpus,
       yield ? "spinning yields the CPU" : "pure spinning");
   return yield;
 }
@@ -42,6 +46,31 @@ std::pair<std::chrono::microseconds, std::chrono::microseconds> spinTimes(
   return {microseconds(50), microseconds(yield ? 1000 : 50)};
 }
 
+// One line per rank at info level: what a cluster log needs to tell ranks,
+// hosts, launches and devices apart.
+void logStartup(const Config& config, int rank, int size, const std::string& group,
+                const Mesh* mesh, size_t sharedMemoryPeers, size_t rdmaPeers) {
+  if (!logEnabled(LogLevel::Info)) return;
+  std::array<char, 256> host{};
+  if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
+  std::string device;
+  if (mesh != nullptr) {
+    const Endpoint& e = mesh->endpoint();
+    device = fmt::format(" on {} port {} GID {} ({}, index {}) MTU {}", e.device, e.port, e.gid,
+                         e.gidType, e.gidIndex, e.activeMtu);
+  }
+  const auto launch = launcherVariables();
+  const auto settings = config.nonDefault();
+  log(LogLevel::Info,
+      "rdmacc {} rank {} of {} (group '{}') on {} pid {}; launcher: {}; {} peer(s) through "
+      "shared memory, {} through RDMA{}; settings: {}",
+      version(), rank, size, group, host.data(), ::getpid(),
+      launch.empty() ? std::string("none (the caller's store)")
+                     : fmt::format("{}", fmt::join(launch, " ")),
+      sharedMemoryPeers, rdmaPeers, device,
+      settings.empty() ? std::string("defaults") : fmt::format("{}", fmt::join(settings, " ")));
+}
+
 }  // namespace
 
 Backend::Backend(int rank, int size) : rank_(rank), size_(size) {}
@@ -50,6 +79,7 @@ Backend::~Backend() = default;
 VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Options options)
     : Backend(rank, size), impl_(std::make_unique<Impl>()) {
   checkGroup(rank, size);
+  setDefaultLogPrefix(fmt::format("rank {}", rank));
   Impl& s = *impl_;
   s.store = std::move(store);
   s.rank = rank;
@@ -80,13 +110,12 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
                         fmt::join(remote, ", ")),
             "use RDMACC_TRANSPORT=auto (shared memory inside a host, RDMA between hosts)");
   }
-  log(LogLevel::Info,
-      "rank {}: {} peer(s) through shared memory, {} through RDMA (RDMACC_TRANSPORT={})", rank,
-      std::count(shm.begin(), shm.end(), true), remote.size(), transport);
   if (!remote.empty() || transport == "rdma") {
     s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config,
                                     MeshOptions{.group = options.groupName});
   }
+  logStartup(s.config, rank, size, s.group, s.mesh.get(),
+             static_cast<size_t>(std::count(shm.begin(), shm.end(), true)), remote.size());
   // registerMemory keeps its contract (deregistering twice, or memory never
   // registered, is an error) in every group; only RDMA peers need a memory
   // region behind it, so without a mesh a registration records the range.
@@ -105,7 +134,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
       // Exactly [ptr, ptr + bytes): with whole pages, the heap bytes next to a
       // registered tensor would be remotely writable too.
       s.config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);
-  const bool yield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"), rank,
+  const bool yield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"),
                                static_cast<int>(std::count(local.begin(), local.end(), true)));
   const auto spins = spinTimes(s.config.getString("RDMACC_SPIN_US"), yield);
   s.engine = std::make_unique<Engine>(

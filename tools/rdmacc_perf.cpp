@@ -734,10 +734,9 @@ void writeJson(const Args& args, int ranks, const std::vector<Row>& rows, double
   if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
   json config = json::object();
   const Config loaded = Config::load();
-  for (const auto& spec : optionTable()) {
-    if (loaded.source(spec.name) != ValueSource::Default) {
-      config[std::string(spec.name)] = loaded.raw(spec.name);
-    }
+  for (const std::string& setting : loaded.nonDefault()) {
+    const size_t eq = setting.find('=');
+    config[setting.substr(0, eq)] = setting.substr(eq + 1);
   }
   json doc = {{"tool", "rdmacc-perf"},
               {"version", rdmacc::version()},

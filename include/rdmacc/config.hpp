@@ -49,6 +49,10 @@ class Config {
   const std::string& getString(std::string_view name) const;
   std::chrono::milliseconds getDuration(std::string_view name) const;
 
+  // NAME=value of every option not at its default (environment or explicit),
+  // in the table's order: what a log line or a --json record shows.
+  std::vector<std::string> nonDefault() const;
+
   // RDMACC_* environment variables that are not in the table, with a guess.
   const std::vector<std::string>& warnings() const noexcept { return warnings_; }
 

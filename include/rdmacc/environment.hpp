@@ -25,4 +25,10 @@ struct GroupEnvironment {
 // naming the variable that is missing or malformed.
 GroupEnvironment groupFromEnvironment(const Config& config);
 
+// The launcher variables of this process (RANK, WORLD_SIZE, LOCAL_RANK,
+// MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_*, PMI_*, SLURM_PROCID, ...) as
+// "NAME=value" in a fixed order, for the startup log line; empty when none
+// is set (a caller that passed its own store).
+std::vector<std::string> launcherVariables();
+
 }  // namespace rdmacc

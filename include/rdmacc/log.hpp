@@ -24,6 +24,9 @@ inline bool logEnabled(LogLevel level) noexcept {
 
 // Prefix printed on every line, e.g. "rank 3". Thread-safe.
 void setLogPrefix(std::string prefix);
+// The same unless a prefix is set already: the first group a process forms
+// (its world, under torch too) names the rank of every later line.
+void setDefaultLogPrefix(std::string prefix);
 // Replaces the stderr sink (nullptr restores it). The sink must be thread-safe.
 void setLogSink(std::function<void(LogLevel, std::string_view)> sink);
 
