@@ -10,6 +10,9 @@
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+#include "rdmacc/version.hpp"
+#include "src/handshake.hpp"
 #include "src/store_util.hpp"
 
 namespace rdmacc {
@@ -42,7 +45,10 @@ std::string hostIdentity(const std::string& override) {
 std::vector<bool> sameHost(Store& store, const std::string& group, int rank, int size,
                            const std::string& identity, const std::string& transport) {
   PrefixStore hosts("rdmacc/host/" + group, std::shared_ptr<Store>(&store, [](Store*) {}));
-  hosts.set(fmt::format("{}", rank), toBytes(transport + "\n" + identity));
+  // Line 1: what this rank speaks (the versions a mismatch error names);
+  // line 2: its RDMACC_TRANSPORT; the rest: its host identity.
+  const std::string mine = fmt::format("rdmacc {} protocol {}", version(), handshake::kVersion);
+  hosts.set(fmt::format("{}", rank), toBytes(mine + "\n" + transport + "\n" + identity));
   std::vector<bool> same(static_cast<size_t>(size), false);
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) {
@@ -50,9 +56,38 @@ std::vector<bool> sameHost(Store& store, const std::string& group, int rank, int
       continue;
     }
     const std::string text = toString(hosts.get(fmt::format("{}", peer)));
-    const auto newline = text.find('\n');
-    const std::string theirs = text.substr(0, std::min(newline, size_t{16}));
-    if (newline == std::string::npos || theirs != transport) {
+    const auto first = text.find('\n');
+    const auto second = first == std::string::npos ? first : text.find('\n', first + 1);
+    // At most 64 bytes of a peer's text in a message: it is hostile input.
+    const std::string speaks = text.substr(0, std::min(first, size_t{64}));
+    if (first == std::string::npos || speaks.rfind("rdmacc ", 0) != 0) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank {} runs an rdmacc that does not state its version (it "
+                                 "wrote '{}'); this rank runs {}",
+                                 peer, speaks, mine),
+          .peerRank = peer,
+          .hint = "install the same rdmacc on every node (one venv or prefix on the shared "
+                  "file system)"});
+    }
+    const std::string protocol = fmt::format("protocol {}", handshake::kVersion);
+    if (!speaks.ends_with(" " + protocol)) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank {} runs {}, this rank {}: their protocols differ", peer,
+                                 speaks, mine),
+          .peerRank = peer,
+          .hint = "install the same rdmacc on every node (one venv or prefix on the shared "
+                  "file system)"});
+    }
+    if (speaks != mine) {
+      log(LogLevel::Info, "rank {} runs {}, this rank {} (the same protocol)", peer, speaks, mine);
+    }
+    const std::string theirs =
+        second == std::string::npos
+            ? std::string()
+            : text.substr(first + 1, std::min(second - first - 1, size_t{16}));
+    if (second == std::string::npos || theirs != transport) {
       throw Error(
           ErrorInfo{.kind = ErrorKind::InvalidArgument,
                     .message = fmt::format("rank {} uses RDMACC_TRANSPORT={}, this rank {}", peer,
@@ -60,7 +95,7 @@ std::vector<bool> sameHost(Store& store, const std::string& group, int rank, int
                     .peerRank = peer,
                     .hint = "set RDMACC_TRANSPORT the same on every rank (or leave it at auto)"});
     }
-    same[static_cast<size_t>(peer)] = text.compare(newline + 1, std::string::npos, identity) == 0;
+    same[static_cast<size_t>(peer)] = text.compare(second + 1, std::string::npos, identity) == 0;
   }
   return same;
 }

@@ -18,10 +18,12 @@ namespace rdmacc {
 std::string hostIdentity(const std::string& override);
 
 // By rank: whether that rank has this rank's identity (this rank included).
-// Publishes this rank's identity and transport choice (RDMACC_TRANSPORT)
-// under the group's name and waits for every rank's; throws
-// Error(InvalidArgument) naming a rank whose transport choice differs (the
-// ranks would wait for connections the others never make).
+// Publishes this rank's rdmacc and protocol versions, transport choice
+// (RDMACC_TRANSPORT) and identity under the group's name and waits for
+// every rank's; throws Error(Protocol) naming a rank whose protocol differs
+// (both versions in the message) and Error(InvalidArgument) naming a rank
+// whose transport choice differs (the ranks would wait for connections the
+// others never make).
 std::vector<bool> sameHost(Store& store, const std::string& group, int rank, int size,
                            const std::string& identity, const std::string& transport);
 

@@ -8,9 +8,13 @@
 #include <memory>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "rdmacc/backend.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
+#include "rdmacc/version.hpp"
+#include "src/handshake.hpp"
 #include "src/store_util.hpp"
 
 namespace rdmacc {
@@ -32,7 +36,8 @@ size_t ourSegments() {
 // (a constructor that throws runs no destructor).
 TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
   auto store = std::make_shared<HashStore>(500ms);
-  store->set("rdmacc/host/lonely/1", toBytes("shm\nsame-host"));
+  store->set("rdmacc/host/lonely/1", toBytes(fmt::format("rdmacc {} protocol {}\nshm\nsame-host",
+                                                         version(), handshake::kVersion)));
   const size_t before = ourSegments();
   try {
     VerbsBackend backend(store, 0, 2,

@@ -1,0 +1,77 @@
+// Which ranks share a host, and what a rank learns of its peers' builds
+// before any connection: the versions and the transport choice each rank
+// publishes through the store (hostile input: checked, and quoted bounded).
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "rdmacc/store.hpp"
+#include "rdmacc/version.hpp"
+#include "src/handshake.hpp"
+#include "src/host_identity.hpp"
+#include "src/store_util.hpp"
+
+namespace rdmacc {
+namespace {
+
+// What rank 1 of group "g" published, as another build would.
+std::string sameHostError(const std::string& published) {
+  HashStore store;
+  store.set("rdmacc/host/g/1", toBytes(published));
+  try {
+    sameHost(store, "g", 0, 2, "host-a", "auto");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string mine() {
+  return fmt::format("rdmacc {} protocol {}", version(), handshake::kVersion);
+}
+
+TEST(HostIdentity, RanksWithTheSameIdentityShareAHost) {
+  HashStore store;
+  store.set("rdmacc/host/g/1", toBytes(mine() + "\nauto\nhost-a"));
+  store.set("rdmacc/host/g/2", toBytes(mine() + "\nauto\nhost-b"));
+  EXPECT_EQ(sameHost(store, "g", 0, 3, "host-a", "auto"), (std::vector<bool>{true, true, false}));
+}
+
+TEST(HostIdentity, AnotherProtocolIsRefusedNamingBothVersions) {
+  const std::string error = sameHostError("rdmacc 9.1.0 protocol 77\nauto\nhost-a");
+  EXPECT_NE(error.find("rank 1 runs rdmacc 9.1.0 protocol 77, this rank " + mine()),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("install the same rdmacc on every node"), std::string::npos) << error;
+}
+
+TEST(HostIdentity, ABuildThatStatesNoVersionIsRefused) {
+  // What rdmacc 0.1.0 before this change published: "<transport>\n<identity>".
+  const std::string error = sameHostError("auto\nhost-a");
+  EXPECT_NE(error.find("rank 1 runs an rdmacc that does not state its version (it wrote 'auto')"),
+            std::string::npos)
+      << error;
+}
+
+TEST(HostIdentity, AnotherReleaseWithTheSameProtocolIsAccepted) {
+  HashStore store;
+  store.set("rdmacc/host/g/1",
+            toBytes(fmt::format("rdmacc 0.0.9 protocol {}\nauto\nhost-a", handshake::kVersion)));
+  EXPECT_EQ(sameHost(store, "g", 0, 2, "host-a", "auto"), (std::vector<bool>{true, true}));
+}
+
+TEST(HostIdentity, HostileTextIsQuotedBounded) {
+  const std::string error = sameHostError(std::string(100000, 'x'));
+  EXPECT_LT(error.size(), 600u) << error.substr(0, 200);
+  EXPECT_NE(error.find("does not state its version"), std::string::npos);
+}
+
+TEST(HostIdentity, ADifferentTransportChoiceIsRefused) {
+  const std::string error = sameHostError(mine() + "\nrdma\nhost-a");
+  EXPECT_NE(error.find("rank 1 uses RDMACC_TRANSPORT=rdma, this rank auto"), std::string::npos)
+      << error;
+}
+
+}  // namespace
+}  // namespace rdmacc
