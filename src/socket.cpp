@@ -1,6 +1,8 @@
 #include "src/socket.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -8,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -84,6 +87,49 @@ Fd listenTcp(const std::string& host, uint16_t port, int backlog) {
       ErrorKind::Store, "bind/listen", lastErr,
       fmt::format("cannot listen for the store on {}:{}", host, port),
       lastErr == EADDRINUSE ? "another process uses this port; pick another MASTER_PORT" : "");
+}
+
+std::string storeBindAddress(const std::string& masterAddr, std::string& why) {
+  auto text = [](const sockaddr* sa) {
+    std::array<char, INET6_ADDRSTRLEN> buf{};
+    const void* raw =
+        sa->sa_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(sa)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
+    return ::inet_ntop(sa->sa_family, raw, buf.data(), buf.size()) ? std::string(buf.data())
+                                                                   : std::string();
+  };
+  in_addr v4{};
+  in6_addr v6{};
+  if ((::inet_pton(AF_INET, masterAddr.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) ||
+      (::inet_pton(AF_INET6, masterAddr.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6)) ||
+      masterAddr == "localhost") {
+    why = "MASTER_ADDR is a loopback address: every rank is on this host";
+    return masterAddr;
+  }
+  std::string detail;
+  auto ai = resolve(masterAddr, 0, true, detail);
+  ifaddrs* interfaces = nullptr;
+  if (ai && ::getifaddrs(&interfaces) == 0) {
+    std::unique_ptr<ifaddrs, decltype(&::freeifaddrs)> owned(interfaces, &::freeifaddrs);
+    for (addrinfo* a = ai.get(); a != nullptr; a = a->ai_next) {
+      const std::string address = text(a->ai_addr);
+      if (address.empty() || address.starts_with("127.") || address == "::1") continue;
+      for (ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != a->ai_addr->sa_family) continue;
+        if (text(i->ifa_addr) == address) {
+          why = fmt::format("MASTER_ADDR {} is {} on this host's interface {}", masterAddr, address,
+                            i->ifa_name);
+          return address;
+        }
+      }
+    }
+  }
+  why = fmt::format(
+      "MASTER_ADDR {} is not an address of this host's interfaces (a name that resolves to a "
+      "loopback alias here, or a NAT address): listening on every interface",
+      masterAddr);
+  return "0.0.0.0";
 }
 
 uint16_t localPort(int fd) {

@@ -39,6 +39,14 @@ class Fd {
 // Listens on host:port (port 0: any free port). Throws Error(Store).
 Fd listenTcp(const std::string& host, uint16_t port, int backlog = 1024);
 uint16_t localPort(int fd);
+// Where the store host listens when ranks reach it at `masterAddr`: that
+// address itself when it is a loopback literal (127.0.0.0/8, ::1, localhost: the job is
+// on one host) or resolves to an address of one of this host's interfaces
+// (other hosts' clients reach it there, nothing else can); otherwise every
+// interface ("0.0.0.0": a name that resolves to a loopback alias such as
+// Debian's 127.0.1.1 here may resolve elsewhere to the real address). `why`
+// says which and why, for the log.
+std::string storeBindAddress(const std::string& masterAddr, std::string& why);
 // Connects once, giving up at `deadline` (a full backlog or a silent host
 // does not block past it); returns an empty Fd and sets errnum on failure.
 Fd tryConnectTcp(const std::string& host, uint16_t port, Clock::time_point deadline, int& errnum,

@@ -521,7 +521,10 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
   state_->port = port;
   state_->options = options;
   if (options.isServer) {
-    state_->server = std::make_unique<TCPStoreServer>("0.0.0.0", port);
+    std::string why;
+    const std::string bind = net::storeBindAddress(state_->host, why);
+    log(LogLevel::Info, "store server on {}:{}: {}", bind, port, why);
+    state_->server = std::make_unique<TCPStoreServer>(bind, port);
     state_->port = state_->server->port();
   }
   std::lock_guard lock(state_->mutex);

@@ -1,10 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -178,6 +181,44 @@ TEST_P(StoreTest, PrefixStoreSeparatesGroups) {
 
 INSTANTIATE_TEST_SUITE_P(All, StoreTest, ::testing::ValuesIn(factories()),
                          [](const auto& p) { return p.param.name; });
+
+// Rank 0 listens where MASTER_ADDR points, not on every interface: a
+// loopback address keeps the store on this host; an address of one of its
+// interfaces is bound exactly; anything else (a name that resolves to a
+// loopback alias here, a NAT address) falls back to every interface.
+TEST(TCPStore, TheServerBindsToMasterAddrWhenItIsOurs) {
+  std::string why;
+  EXPECT_EQ(net::storeBindAddress("127.0.0.1", why), "127.0.0.1");
+  EXPECT_NE(why.find("loopback"), std::string::npos) << why;
+  EXPECT_EQ(net::storeBindAddress("127.0.0.2", why), "127.0.0.2");
+  EXPECT_EQ(net::storeBindAddress("localhost", why), "localhost");
+  EXPECT_EQ(net::storeBindAddress("203.0.113.77", why), "0.0.0.0");  // TEST-NET-3: not ours
+  EXPECT_NE(why.find("not an address of this host's interfaces"), std::string::npos) << why;
+  // An address of one of this host's interfaces, if it has one besides lo.
+  ifaddrs* all = nullptr;
+  ASSERT_EQ(::getifaddrs(&all), 0);
+  std::string mine;
+  for (ifaddrs* i = all; i != nullptr && mine.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    std::array<char, INET_ADDRSTRLEN> text{};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text.data(),
+                text.size());
+    if (!std::string(text.data()).starts_with("127.")) mine = text.data();
+  }
+  ::freeifaddrs(all);
+  if (mine.empty()) GTEST_SKIP() << "no IPv4 address besides loopback here";
+  EXPECT_EQ(net::storeBindAddress(mine, why), mine) << why;
+  // And a store server on it is reachable there and only there.
+  TCPStore server(mine, 0, TCPStoreOptions{.isServer = true, .timeout = 5s});
+  TCPStore client(mine, server.port(), TCPStoreOptions{.timeout = 5s});
+  client.set("k", toBytes("v"));
+  EXPECT_EQ(toString(server.get("k")), "v");
+  int errnum = 0;
+  std::string detail;
+  auto refused =
+      net::tryConnectTcp("127.0.0.1", server.port(), net::Clock::now() + 2s, errnum, detail);
+  EXPECT_FALSE(refused) << "the store also listens on loopback";
+}
 
 TEST(TCPStore, UnreachableServerNamesHostAndPort) {
   // A port with nothing listening: bind, learn the port, close.
