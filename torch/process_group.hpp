@@ -20,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "rdmacc/backend.hpp"
+#include "tensors.hpp"
 
 namespace rdmacc_torch {
 
@@ -122,6 +123,9 @@ class BackendRdmacc final : public BackendBase {
   c10::intrusive_ptr<c10d::Work> wrap(std::shared_ptr<rdmacc::Work> work, int rank,
                                       c10d::OpType type, std::vector<at::Tensor> outputs,
                                       std::vector<at::Tensor> inputs = {});
+  // allreduce of a sparse COO tensor (SUM; sparse_allreduce.cpp).
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(at::Tensor& tensor,
+                                                 const c10d::AllreduceOptions& opts);
   struct Member {
     std::shared_ptr<rdmacc::Work> work;
     std::vector<at::Tensor> outputs;
@@ -139,12 +143,5 @@ class BackendRdmacc final : public BackendBase {
 
 // The name of the 1.13 line (a process group there).
 using ProcessGroupRdmacc = BackendRdmacc;
-
-// at::ScalarType -> rdmacc::DataType; throws c10::Error listing the supported
-// types for anything else.
-rdmacc::DataType toDataType(at::ScalarType type);
-
-// c10d's ReduceOp -> rdmacc's, with PREMUL_SUM's factor in *factor.
-rdmacc::ReduceOp toReduceOp(const c10d::ReduceOp& op, double* factor);
 
 }  // namespace rdmacc_torch

@@ -378,6 +378,28 @@ def extras(members):
     same("sequence numbers agree", allseq, [allseq[0]] * len(members))
 
 
+def sparse(gloo):
+    """allreduce of sparse COO tensors (SUM) against gloo's sparse allreduce:
+    overlapping and distinct entries, dense trailing dims, a rank with none."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    for dense_dims in ((), (3,)):
+        nnz = 0 if rank == 1 else 2 + rank
+        g = torch.Generator().manual_seed(100 + rank)
+        idx = torch.stack([torch.randint(0, 6, (nnz,), generator=g), torch.randint(0, 5, (nnz,), generator=g)])
+        val = torch.randn((nnz, *dense_dims), generator=g)
+        mine = torch.sparse_coo_tensor(idx, val, (6, 5, *dense_dims))
+        theirs = mine.clone()
+        dist.all_reduce(mine)
+        dist.all_reduce(theirs, group=gloo)
+        same(f"sparse allreduce {dense_dims}", mine.to_dense(), theirs.to_dense(), exact=False)
+    try:
+        dist.all_reduce(torch.sparse_coo_tensor(idx, val, (6, 5, 3)), op=dist.ReduceOp.MAX)
+        fail("sparse allreduce MAX was accepted")
+    except RuntimeError as e:
+        if "SUM only" not in str(e):
+            fail(f"sparse allreduce MAX: unclear error {e}")
+
+
 def coalescing():
     """torch >= 2.0: batch_isend_irecv and _coalescing_manager go through the
     backend's startCoalescing/endCoalescing and the *_tensor_coalesced ops."""
@@ -455,6 +477,7 @@ def main():
     suite(None, gloo, world, DTYPES, SIZES)
     errors_are_clear()
     extras(world)
+    sparse(gloo)
     if rdmacc_torch.BACKEND_API:
         coalescing()
     registered(gloo)
