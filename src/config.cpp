@@ -312,7 +312,8 @@ Config Config::load(const std::map<std::string, std::string>& explicitValues,
       // than the library (tools/run-tests, tools/with-rdma-device, ...).
       static constexpr std::string_view kProjectVariables[] = {
           "RDMACC_BUILD_DIR", "RDMACC_FORCE_VM",     "RDMACC_VM_SHARES", "RDMACC_QUICK",
-          "RDMACC_TORCH2",    "RDMACC_FUZZ_SECONDS", "RDMACC_SANITIZE",  "RDMACC_TSAN"};
+          "RDMACC_TORCH2",    "RDMACC_FUZZ_SECONDS", "RDMACC_SANITIZE",  "RDMACC_TSAN",
+          "RDMACC_CCACHE",    "RDMACC_PARSE_ONLY"};
       if (name.starts_with("RDMACC_TEST_") ||
           std::find(std::begin(kProjectVariables), std::end(kProjectVariables), name) !=
               std::end(kProjectVariables)) {

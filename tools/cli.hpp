@@ -3,8 +3,10 @@
 // status: 0 done, 1 the run or a check failed, 2 the command line is wrong.
 #pragma once
 
+#include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -23,10 +25,16 @@ inline void addVersion(CLI::App& app) {
 }
 
 // Parses argv. nullopt: go on; else the exit status (--help and --version: 0,
-// a usage error, printed with a pointer to --help: 2).
+// a usage error, printed with a pointer to --help: 2). With RDMACC_PARSE_ONLY=1
+// a command line that parses exits 0 at once: the documentation test
+// (tests/docs_commands.py) checks every command the docs show this way.
 inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
+    if (const char* only = std::getenv("RDMACC_PARSE_ONLY");
+        only && std::string_view(only) == "1") {
+      return 0;
+    }
     return std::nullopt;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

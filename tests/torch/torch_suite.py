@@ -10,14 +10,21 @@ WORLD_SIZE processes that rendezvous through a file store; their ranks share
 this host, so rdmacc talks through shared memory unless RDMACC_TRANSPORT says
 otherwise.
 
-    BACKEND=rdmacc WORLD_SIZE=2 python torch_suite.py [--selection FILE] [unittest args]
+    BACKEND=rdmacc WORLD_SIZE=2 python torch_suite.py --selection suite-2.x.txt [--ci] [--report R.json]
+    BACKEND=gloo WORLD_SIZE=3 python torch_suite.py --all --report gloo.json
 
-BACKEND=gloo runs the same selection on gloo (what tools/torch-suite compares
-against). --selection FILE names the tests to run, one per line (# comments);
-tests/torch/suite-selection.txt is the project's, with the excluded tests and
-their reasons.
+--selection FILE runs the tests the file names (suite-2.x.txt for torch 2.x,
+suite-1.13.txt for 1.13: the tests that pass on gloo on this machine, the
+ones left out with their reasons; --ci: the subset the test command runs);
+every one must pass; a skip counts as a failure unless it is for the world
+size (as on gloo). --all runs the whole suite
+(skips allowed), as for a gloo baseline. --report writes each test's outcome
+as JSON. Without these, unittest's own arguments (TestDistBackendWithSpawn.
+test_broadcast, -k ...).
 """
 
+import functools
+import json
 import os
 import sys
 import unittest
@@ -28,6 +35,7 @@ if "BACKEND" not in os.environ or "WORLD_SIZE" not in os.environ:
 BACKEND = os.environ["BACKEND"]
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
 
@@ -64,20 +72,77 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         self._spawn_processes()
 
 
-def read_selection(path):
-    names = []
+# Tests whose bodies pick their CPU code path by the backend's name
+# (`if BACKEND == "mpi" or BACKEND == "gloo":` builds the CPU model; any
+# other name builds none and fails with UnboundLocalError before the first
+# collective). They run on rdmacc's groups with the module's BACKEND reading
+# "gloo" during the body only; the wrapper checks that the default group is
+# rdmacc's, so the name picks the path and nothing else.
+BODY_PICKS_CPU_PATH_BY_NAME = [
+    "test_accumulate_gradients_no_sync",
+    "test_accumulate_gradients_no_sync_allreduce_hook",
+    "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
+    "test_accumulate_gradients_no_sync_grad_is_view",
+]
+
+
+def _cpu_path_by_name(name):
+    original = getattr(DistributedTest._DistTestBase, name)
+
+    @functools.wraps(original)
+    def test(self):
+        assert dist.get_backend() == BACKEND, dist.get_backend()
+        distributed_test.BACKEND = "gloo"
+        try:
+            return original(self)
+        finally:
+            distributed_test.BACKEND = BACKEND
+
+    return test
+
+
+if BACKEND != "gloo":
+    for _name in BODY_PICKS_CPU_PATH_BY_NAME:
+        if hasattr(DistributedTest._DistTestBase, _name):
+            setattr(TestDistBackendWithSpawn, _name, _cpu_path_by_name(_name))
+
+
+def read_selection(path, ci_only=False):
+    """The tests a selection file names: one per line, `NAME` or `NAME ci`
+    (ci: in the subset the test command runs); `- NAME: reason` documents a
+    test that is left out and why; # starts a comment."""
+    names, excluded = [], {}
     with open(path) as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             line = line.split("#", 1)[0].strip()
-            if line:
-                names.append(line)
+            if not line:
+                continue
+            if line.startswith("-"):
+                name, _, reason = line[1:].partition(":")
+                if not reason.strip():
+                    sys.exit(f"{path}:{number}: an excluded test needs its reason")
+                excluded[name.strip()] = reason.strip()
+                continue
+            name, *tags = line.split()
+            if tags not in ([], ["ci"]):
+                sys.exit(f"{path}:{number}: unknown tags {tags}")
+            if not ci_only or tags:
+                names.append(name)
+    known = set(unittest.TestLoader().getTestCaseNames(TestDistBackendWithSpawn))
+    stale = [n for n in excluded if n not in known]
+    if stale:
+        sys.exit(f"{path}: excluded tests not in this torch's suite: {', '.join(stale)}")
+    both = [n for n in names if n in excluded]
+    if both:
+        sys.exit(f"{path}: both selected and excluded: {', '.join(both)}")
     return names
 
 
-def run_selection(names):
-    """Runs the named tests; every one must pass (a skip is a failure here:
-    the selection holds tests that run and pass on gloo). Returns the exit
-    status."""
+def run_selection(names, report=None, skips_fail=True):
+    """Runs the named tests; every one must pass (a skip is a failure too,
+    unless skips_fail is False: the selection holds tests that run and pass
+    on gloo). Writes {name: "ok" | "failed" | "skipped: why"} to `report`
+    (JSON) when given. Returns the exit status."""
     known = set(unittest.TestLoader().getTestCaseNames(TestDistBackendWithSpawn))
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -85,19 +150,44 @@ def run_selection(names):
         return 2
     suite = unittest.TestSuite(TestDistBackendWithSpawn(n) for n in names)
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-    bad = [(t.id().rsplit(".", 1)[-1], "FAILED") for t, _ in result.failures + result.errors]
-    bad += [(t.id().rsplit(".", 1)[-1], f"SKIPPED ({why})") for t, why in result.skipped]
-    print(f"torch_suite.py: {BACKEND}, {os.environ['WORLD_SIZE']} ranks: "
-          f"{result.testsRun - len(bad)} of {len(names)} selected tests passed")
-    for name, what in bad:
+    outcome = {n: "ok" for n in names}
+    for t, _ in result.failures + result.errors:
+        outcome[t.id().rsplit(".", 1)[-1]] = "failed"
+    for t, why in result.skipped:
+        outcome[t.id().rsplit(".", 1)[-1]] = f"skipped: {why}"
+    if report:
+        with open(report, "w") as f:
+            json.dump(outcome, f, indent=1, sort_keys=True)
+    # A test for another world size skips on gloo too; any other skip of a
+    # selected test means rdmacc was not tested.
+    bad = {
+        n: o
+        for n, o in outcome.items()
+        if o == "failed" or (skips_fail and o != "ok" and "world size" not in o.lower())
+    }
+    passed = sum(o == "ok" for o in outcome.values())
+    print(f"torch_suite.py: {BACKEND}, {os.environ['WORLD_SIZE']} ranks, torch {torch.__version__}: "
+          f"{passed} of {len(names)} tests passed")
+    for name, what in sorted(bad.items()):
         print(f"  {name}: {what}")
     return 1 if bad else 0
 
 
+def option(name):
+    if name not in sys.argv:
+        return None
+    i = sys.argv.index(name)
+    return sys.argv[i + 1]
+
+
 def main():
-    if "--selection" in sys.argv:
-        i = sys.argv.index("--selection")
-        sys.exit(run_selection(read_selection(sys.argv[i + 1])))
+    report = option("--report")
+    if option("--selection"):
+        names = read_selection(option("--selection"), ci_only="--ci" in sys.argv)
+        sys.exit(run_selection(names, report))
+    if "--all" in sys.argv:
+        names = unittest.TestLoader().getTestCaseNames(TestDistBackendWithSpawn)
+        sys.exit(run_selection(list(names), report, skips_fail=False))
     run_tests()
 
 
