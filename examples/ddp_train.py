@@ -9,15 +9,12 @@ allreduce (one per gradient bucket), broadcasts the initial parameters and
 the BatchNorm buffers. Prints the loss of every step on every rank.
 """
 
-import argparse
-import datetime
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-import rdmacc_torch  # noqa: F401  (registers the "rdmacc" backend)
+from example_common import fit, run
 
 
 def make_model():
@@ -40,26 +37,12 @@ def train(steps=5, process_group=None, log=print, bucket_cap_mb=0.01):
     model = DistributedDataParallel(make_model(), process_group=process_group,
                                     bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for step in range(steps):
-        x, y = batch(step, rank)
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        log(f"rank {rank} step {step} loss {loss.item():.6f}")
+    fit(model, opt, batch, steps, rank, log)
     return model
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="rdmacc", help="torch.distributed backend")
-    parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
-    dist.init_process_group(args.backend, timeout=datetime.timedelta(minutes=5))
-    model = train(args.steps, log=lambda s: print(s, flush=True))
-    checksum = sum(p.double().sum().item() for p in model.parameters())
-    print(f"rank {dist.get_rank()} parameter checksum {checksum:.9f}", flush=True)
-    dist.destroy_process_group()
+    run(__doc__, lambda steps, log: list(train(steps, log=log).parameters()))
 
 
 if __name__ == "__main__":

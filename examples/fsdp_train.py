@@ -12,16 +12,13 @@ Needs torch >= 2.6 (fully_shard on CPU). Prints the loss of every step and a
 checksum of the full parameters.
 """
 
-import argparse
-import datetime
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-import rdmacc_torch  # noqa: F401  (registers the "rdmacc" backend)
+from example_common import fit, run
 
 
 def make_model():
@@ -47,27 +44,12 @@ def train(mesh: DeviceMesh, steps=5, log=print):
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     rank = mesh.get_local_rank()
-    for step in range(steps):
-        x, y = batch(step, rank)
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        log(f"rank {rank} step {step} loss {loss.item():.6f}")
+    fit(model, opt, batch, steps, rank, log)
     return [p.full_tensor().detach().clone() for p in model.parameters()]
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="rdmacc", help="torch.distributed backend")
-    parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
-    dist.init_process_group(args.backend, timeout=datetime.timedelta(minutes=5))
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    params = train(mesh, args.steps, log=lambda s: print(s, flush=True))
-    checksum = sum(p.double().sum().item() for p in params)
-    print(f"rank {dist.get_rank()} parameter checksum {checksum:.9f}", flush=True)
-    dist.destroy_process_group()
+    run(__doc__, lambda steps, log: train(init_device_mesh("cpu", (dist.get_world_size(),)), steps, log))
 
 
 if __name__ == "__main__":

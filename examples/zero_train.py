@@ -10,16 +10,13 @@ is consolidated on rank 0 (gather by broadcast), as a checkpoint would.
 Prints the loss of every step and a checksum of the parameters.
 """
 
-import argparse
-import datetime
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-import rdmacc_torch  # noqa: F401  (registers the "rdmacc" backend)
+from example_common import fit, run
 
 
 def make_model():
@@ -42,31 +39,20 @@ def train(steps=5, process_group=None, log=print):
                                     bucket_cap_mb=0.01)
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                   process_group=process_group, lr=0.01)
-    for step in range(steps):
-        x, y = batch(step, rank)
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        log(f"rank {rank} step {step} loss {loss.item():.6f}")
+    fit(model, opt, batch, steps, rank, log)
     opt.consolidate_state_dict(to=0)
     state = opt.state_dict() if rank == 0 else None
     return [p.detach().clone() for p in model.parameters()], state
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="rdmacc", help="torch.distributed backend")
-    parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
-    dist.init_process_group(args.backend, timeout=datetime.timedelta(minutes=5))
-    params, state = train(args.steps, log=lambda s: print(s, flush=True))
-    checksum = sum(p.double().sum().item() for p in params)
-    print(f"rank {dist.get_rank()} parameter checksum {checksum:.9f}", flush=True)
-    if state is not None:
-        print(f"rank 0 consolidated optimizer state for {len(state['state'])} parameters",
-              flush=True)
-    dist.destroy_process_group()
+    def train_and_report(steps, log):
+        params, state = train(steps, log=log)
+        if state is not None:
+            log(f"rank 0 consolidated optimizer state for {len(state['state'])} parameters")
+        return params
+
+    run(__doc__, train_and_report)
 
 
 if __name__ == "__main__":
