@@ -431,6 +431,9 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
   auto deadline = Clock::now() + connectTimeout;
   try {
     endpoint_ = selectEndpoint(config);
+    if (const ForkSafety fork = forkSafety(); fork.atRisk) {
+      log(LogLevel::Warn, "fork safety {}", fork.text);
+    }
     params_.ackTimeout = static_cast<uint8_t>(config.getInt("RDMACC_IB_TIMEOUT"));
     params_.retryCount = static_cast<uint8_t>(config.getInt("RDMACC_IB_RETRY_CNT"));
     params_.rnrRetry = static_cast<uint8_t>(config.getInt("RDMACC_IB_RNR_RETRY"));

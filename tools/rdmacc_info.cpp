@@ -77,6 +77,11 @@ int report(const Config& config) {
     ++problems;
     fmt::print("  none: {}\n", e.what());
   }
+  if (!devices.empty()) {  // without a device nothing is registered with one
+    const ForkSafety fork = forkSafety();
+    fmt::print("\nregistered memory across fork(): {}\n", fork.text);
+    if (fork.atRisk) ++problems;
+  }
   fmt::print("\nlocked-memory limit (ulimit -l): ");
   if (auto limit = lockedMemoryLimit()) {
     fmt::print("{} KiB\n", *limit / 1024);
@@ -132,6 +137,13 @@ int reportJson(const Config& config) {
     ++problems;
     doc["endpoint"] = nullptr;
     doc["endpoint_error"] = e.what();
+  }
+  if (!doc["devices"].empty()) {
+    const ForkSafety fork = forkSafety();
+    doc["fork_safety"] = {{"at_risk", fork.atRisk}, {"text", fork.text}};
+    if (fork.atRisk) ++problems;
+  } else {
+    doc["fork_safety"] = nullptr;  // no device: nothing is registered with one
   }
   if (auto limit = lockedMemoryLimit()) {
     doc["memlock_bytes"] = *limit;

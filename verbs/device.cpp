@@ -188,6 +188,22 @@ PortInfo queryPort(ibv_context* context, int port) {
 
 namespace rdmacc {
 
+ForkSafety forkSafety() {
+  switch (::ibv_is_fork_initialized()) {
+    case IBV_FORK_UNNEEDED:
+      return {false, "unneeded (the kernel keeps registered memory correct across fork)"};
+    case IBV_FORK_ENABLED:
+      return {false, "enabled (RDMAV_FORK_SAFE=1 or ibv_fork_init)"};
+    case IBV_FORK_DISABLED:
+    default:
+      return {true,
+              "at risk: this kernel does not keep registered memory correct across fork() and "
+              "fork support is off; a process that forks after registering (DataLoader workers) "
+              "can corrupt transfers. Fix: export RDMAV_FORK_SAFE=1 before the process starts, or "
+              "a kernel >= 5.13"};
+  }
+}
+
 std::vector<DeviceInfo> listDevices() {
   int n = 0;
   auto list = verbs::deviceList(n);

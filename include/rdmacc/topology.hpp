@@ -80,6 +80,18 @@ std::string formatGid(const std::array<uint8_t, 16>& raw);
 std::string formatIpv4(uint32_t hostOrder);
 std::string describeGids(const PortInfo& port);  // "0: fe80::.. (RoCE v2), 1: ..."
 
+// Whether memory registered with a device stays correct in this process
+// across fork() (PyTorch's DataLoader workers fork): the kernel keeps it so
+// (Linux >= 5.13 with rdma-core >= 35: "unneeded"), RDMAV_FORK_SAFE=1 or
+// ibv_fork_init() made it so ("enabled"), or neither (atRisk: a forked child
+// can leave the parent's registered pages copy-on-write, and the device
+// then reads or writes pages the parent no longer sees).
+struct ForkSafety {
+  bool atRisk = false;
+  std::string text;
+};
+ForkSafety forkSafety();
+
 // The locked-memory limit (RLIMIT_MEMLOCK soft limit) in bytes; nullopt = unlimited.
 std::optional<uint64_t> lockedMemoryLimit();
 
