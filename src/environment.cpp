@@ -1,5 +1,8 @@
 #include "rdmacc/environment.hpp"
 
+#include <unistd.h>
+
+#include <array>
 #include <cstdlib>
 #include <string_view>
 
@@ -27,6 +30,12 @@ int envInt(const char* name, int min, int max) {
 }
 
 }  // namespace
+
+std::string hostName() {
+  std::array<char, 256> host{};
+  if (::gethostname(host.data(), host.size() - 1) != 0) return "";
+  return host.data();
+}
 
 std::vector<std::string> launcherVariables() {
   constexpr const char* kNames[] = {"RANK",

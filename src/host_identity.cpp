@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "rdmacc/environment.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "rdmacc/version.hpp"
@@ -35,9 +36,7 @@ std::string link(const char* path) {
 
 std::string hostIdentity(const std::string& override) {
   if (!override.empty()) return override;
-  std::array<char, 256> host{};
-  if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
-  return fmt::format("{}/{}/{}/{}/{}", host.data(), firstLine("/proc/sys/kernel/random/boot_id"),
+  return fmt::format("{}/{}/{}/{}/{}", hostName(), firstLine("/proc/sys/kernel/random/boot_id"),
                      link("/proc/self/ns/mnt"), link("/proc/self/ns/net"),
                      link("/proc/self/ns/pid"));
 }

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 
+#include "rdmacc/environment.hpp"
 #include "rdmacc/error.hpp"
 
 namespace rdmacc {
@@ -44,9 +45,7 @@ std::string expandLogPath(std::string_view pattern) {
     }
     const char c = pattern[++i];
     if (c == 'h') {
-      std::array<char, 256> host{};
-      if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
-      out += host.data();
+      out += hostName();
     } else if (c == 'p') {
       out += std::to_string(::getpid());
     } else if (c == '%') {

@@ -1,8 +1,6 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <array>
-
 #include "rdmacc/environment.hpp"
 #include "rdmacc/version.hpp"
 #include "src/host_identity.hpp"
@@ -51,8 +49,6 @@ std::pair<std::chrono::microseconds, std::chrono::microseconds> spinTimes(
 void logStartup(const Config& config, int rank, int size, const std::string& group,
                 const Mesh* mesh, size_t sharedMemoryPeers, size_t rdmaPeers) {
   if (!logEnabled(LogLevel::Info)) return;
-  std::array<char, 256> host{};
-  if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
   std::string device;
   if (mesh != nullptr) {
     const Endpoint& e = mesh->endpoint();
@@ -64,7 +60,7 @@ void logStartup(const Config& config, int rank, int size, const std::string& gro
   log(LogLevel::Info,
       "rdmacc {} rank {} of {} (group '{}') on {} pid {}; launcher: {}; {} peer(s) through "
       "shared memory, {} through RDMA{}; settings: {}",
-      version(), rank, size, group, host.data(), ::getpid(),
+      version(), rank, size, group, hostName(), ::getpid(),
       launch.empty() ? std::string("none (the caller's store)")
                      : fmt::format("{}", fmt::join(launch, " ")),
       sharedMemoryPeers, rdmaPeers, device,

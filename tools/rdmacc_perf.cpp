@@ -730,8 +730,6 @@ std::string isoNow() {
 // nothing was checked.
 void writeJson(const Args& args, int ranks, const std::vector<Row>& rows, double avgBusbw) {
   using nlohmann::json;
-  std::array<char, 256> host{};
-  if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
   json config = json::object();
   const Config loaded = Config::load();
   for (const std::string& setting : loaded.nonDefault()) {
@@ -741,7 +739,7 @@ void writeJson(const Args& args, int ranks, const std::vector<Row>& rows, double
   json doc = {{"tool", "rdmacc-perf"},
               {"version", rdmacc::version()},
               {"argv", args.argv},
-              {"host", host.data()},
+              {"host", hostName()},
               {"started", args.started},
               {"finished", isoNow()},
               {"collective", args.collective},

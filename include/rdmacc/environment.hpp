@@ -25,6 +25,10 @@ struct GroupEnvironment {
 // naming the variable that is missing or malformed.
 GroupEnvironment groupFromEnvironment(const Config& config);
 
+// This host's name (gethostname), "" when it has none: for log lines, file
+// names and JSON records.
+std::string hostName();
+
 // The launcher variables of this process (RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_*, PMI_*, SLURM_PROCID, ...) as
 // "NAME=value" in a fixed order, for the startup log line; empty when none
