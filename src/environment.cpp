@@ -61,6 +61,31 @@ std::vector<std::string> launcherVariables() {
   return out;
 }
 
+namespace {
+
+// Under sbatch (or salloc) without srun, the batch script's one process sees
+// the allocation's SLURM_NTASKS (and SLURM_PROCID=0): as rank 0 of N it
+// would wait for N - 1 ranks nobody starts. Only srun's tasks run in a job
+// step of their own (SLURM_STEP_ID a step number; the batch step is
+// 4294967294, the extern step 4294967295).
+void checkSrunStep() {
+  const char* tasks = env("SLURM_NTASKS");
+  const char* step = env("SLURM_STEP_ID");
+  if (tasks == nullptr || std::string_view(tasks) == "1") return;
+  const bool noTask = step == nullptr || std::string_view(step) == "4294967294" ||
+                      std::string_view(step) == "4294967295";
+  if (!noTask) return;
+  throw Error(ErrorKind::InvalidArgument,
+              fmt::format("SLURM_NTASKS={} but this process is not a task of an srun step "
+                          "(SLURM_STEP_ID {}): it runs the batch script, and as one rank of {} "
+                          "it would wait for ranks that nobody starts",
+                          tasks, step == nullptr ? "unset" : step, tasks),
+              "start the ranks with srun (`srun python3 train.py`), or with torchrun or mpirun "
+              "inside the allocation; see docs/multi-node.md");
+}
+
+}  // namespace
+
 GroupEnvironment groupFromEnvironment(const Config& config) {
   GroupEnvironment g;
   struct Scheme {
@@ -92,6 +117,7 @@ GroupEnvironment groupFromEnvironment(const Config& config) {
                 fmt::format("{} and {} must be set together", found->rank, found->size),
                 "launch with rdmacc-run, torchrun, mpirun or srun, or set both");
   }
+  if (std::string_view(found->launcher) == "srun") checkSrunStep();
   g.launcher = found->launcher;
   g.size = envInt(found->size, 1, 1 << 20);
   g.rank = envInt(found->rank, 0, g.size - 1);
