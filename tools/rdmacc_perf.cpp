@@ -31,38 +31,16 @@
 #include "rdmacc/log.hpp"
 #include "rdmacc/version.hpp"
 #include "tools/cli.hpp"
+#include "tools/perf_report.hpp"
 
 #include <nlohmann/json.hpp>
 
 namespace {
 
+using namespace rdmacc::perf;
+
 using namespace rdmacc;
 using Clock = std::chrono::steady_clock;
-
-struct Args {
-  std::string collective = "allreduce";
-  size_t minBytes = 8;
-  size_t maxBytes = 8u << 20;
-  double factor = 2;
-  int iterations = 20;
-  int warmup = 5;
-  std::string mode = "all";  // write: bw, lat, all
-  int txDepth = 128;
-  DataType dtype = DataType::Float32;
-  ReduceOp op = ReduceOp::Sum;
-  int root = 0;
-  Algorithm algorithm = Algorithm::Auto;
-  bool check = false;
-  bool registerBuffers = false;  // -R: zero-copy from registered buffers
-  int buffers = 1;               // --buffers: iterations rotate over this many buffer sets
-  std::string json;
-  std::string csv;      // appended to (header when the file is new or empty)
-  std::string plot;     // PNG of every series in the CSV (or of this run)
-  bool replot = false;  // only draw --plot from --csv
-  bool iterationsGiven = false;
-  std::vector<std::string> argv;  // the command line, for --json
-  std::string started;            // ISO 8601 UTC, for --json
-};
 
 DataType parseType(const std::string& s) {
   if (s == "float" || s == "float32") return DataType::Float32;
@@ -331,14 +309,6 @@ double reduced(ReduceOp op, int n, size_t i, DataType t) {
   if (op == ReduceOp::Avg) acc = isFloatingPoint(t) ? acc / n : std::trunc(acc / n);
   return acc;
 }
-
-struct Row {
-  size_t bytes = 0, count = 0;
-  double time = 0, algbw = 0, busbw = 0;
-  double minTime = 0, maxTime = 0;  // the fastest and slowest rank's mean
-  long wrong = 0;
-  bool inPlace = false;
-};
 
 struct Case {
   std::string name;
@@ -614,163 +584,6 @@ class CollectiveBench {
   };
   std::vector<Registered> registered_;
 };
-
-std::string cell(const Row* r) {
-  if (r == nullptr) return fmt::format(" {:>8} {:>7} {:>7} {:>6}", "n/a", "", "", "");
-  return fmt::format(" {:>8.1f} {:>7.3f} {:>7.3f} {:>6}", r->time, r->algbw, r->busbw, r->wrong);
-}
-
-// ---------------------------------------------------------- CSV and plot --
-
-constexpr const char* kCsvHeader =
-    "collective,ranks,dtype,op,algorithm,size_bytes,count,in_place,time_us,algbw_gbs,busbw_gbs,"
-    "wrong,registered";
-
-void appendCsv(const std::string& path, const Args& args, int ranks, const std::vector<Row>& rows) {
-  bool fresh = true;
-  if (std::ifstream in(path); in) fresh = in.peek() == std::ifstream::traits_type::eof();
-  std::ofstream out(path, std::ios::app);
-  if (fresh) out << kCsvHeader << "\n";
-  for (const Row& r : rows) {
-    out << fmt::format("{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{},{}\n", args.collective,
-                       ranks, toString(args.dtype), toString(args.op), toString(args.algorithm),
-                       r.bytes, r.count, r.inPlace ? 1 : 0, r.time, r.algbw, r.busbw, r.wrong,
-                       args.registerBuffers ? 1 : 0);
-  }
-  if (!out) {
-    throw Error(ErrorKind::InvalidArgument, fmt::format("cannot write {}", path),
-                "check the directory exists and is writable");
-  }
-}
-
-std::vector<std::string> splitCsv(const std::string& line) {
-  std::vector<std::string> cells;
-  size_t start = 0;
-  for (size_t comma; (comma = line.find(',', start)) != std::string::npos; start = comma + 1)
-    cells.push_back(line.substr(start, comma - start));
-  cells.push_back(line.substr(start));
-  return cells;
-}
-
-// One line per (collective, ranks, algorithm): busbw and time against size.
-// Out-of-place rows where a collective has them (nccl-tests' first columns).
-void plotCsv(const std::string& csvPath, const std::string& png) {
-  std::ifstream in(csvPath);
-  std::string line;
-  if (!std::getline(in, line) || line != kCsvHeader) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("{} is not an rdmacc-perf CSV file", csvPath),
-                "write it with rdmacc-perf --csv");
-  }
-  std::vector<std::string> order;
-  std::map<std::string, std::map<std::string, std::vector<std::string>>>
-      series;  // key->place->rows
-  while (std::getline(in, line)) {
-    auto c = splitCsv(line);
-    if (c.size() != 13 || c[5] == "0") continue;
-    std::string key =
-        fmt::format("{} {} ranks{}{}", c[0], c[1], c[4] == "auto" ? std::string() : " " + c[4],
-                    c[12] == "1" ? " registered" : "");
-    if (!series.count(key)) order.push_back(key);
-    series[key][c[7]].push_back(fmt::format("{} {} {}", c[5], c[10], c[8]));
-  }
-  if (order.empty())
-    throw Error(ErrorKind::InvalidArgument, fmt::format("{} has no rows", csvPath));
-  std::string dataPath = png + ".dat", scriptPath = png + ".gp";
-  {
-    std::ofstream data(dataPath);
-    for (const auto& key : order) {
-      auto& places = series[key];
-      auto& rows = places.count("0") ? places["0"] : places["1"];
-      data << "# " << key << "\n";
-      for (const auto& r : rows) data << r << "\n";
-      data << "\n\n";
-    }
-    std::ofstream gp(scriptPath);
-    gp << "set terminal pngcairo size 1400,560 font ',10' noenhanced\n"
-       << "set output '" << png << "'\n"
-       << "set multiplot layout 1,2 title 'rdmacc-perf'\n"
-       << "set logscale x 2\nset format x '%.0b%B'\nset xlabel 'size (bytes)'\n"
-       << "set grid\nset key left top\nset ylabel 'busbw (GB/s)'\n";
-    auto plotAll = [&](int column) {
-      gp << "plot ";
-      for (size_t i = 0; i < order.size(); ++i) {
-        gp << (i ? ", " : "") << "'" << dataPath << "' index " << i << " using 1:" << column
-           << " with linespoints title '" << order[i] << "'";
-      }
-      gp << "\n";
-    };
-    plotAll(2);
-    gp << "set logscale y 10\nset ylabel 'time (us)'\n";
-    plotAll(3);
-    gp << "unset multiplot\n";
-  }
-  std::string command = fmt::format("gnuplot '{}' 2>&1", scriptPath);
-  int status = std::system(command.c_str());
-  std::remove(dataPath.c_str());
-  std::remove(scriptPath.c_str());
-  if (status != 0) {
-    throw Error(ErrorKind::InvalidArgument, fmt::format("gnuplot failed to draw {}", png),
-                "install gnuplot (apt-get install gnuplot-nox), or plot the --csv file yourself");
-  }
-  fmt::print("# plot: {}\n", png);
-}
-
-std::string isoNow() {
-  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1,
-                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
-}
-
-// --json: what nccl-tests' -J has (the command, the version, where and when,
-// the settings that differ from the defaults), and per size the mean time
-// and the fastest and slowest rank's (as OSU's -f). `wrong` is null when
-// nothing was checked.
-void writeJson(const Args& args, int ranks, const std::vector<Row>& rows, double avgBusbw) {
-  using nlohmann::json;
-  json config = json::object();
-  const Config loaded = Config::load();
-  for (const std::string& setting : loaded.nonDefault()) {
-    const size_t eq = setting.find('=');
-    config[setting.substr(0, eq)] = setting.substr(eq + 1);
-  }
-  json doc = {{"tool", "rdmacc-perf"},
-              {"version", rdmacc::version()},
-              {"argv", args.argv},
-              {"host", hostName()},
-              {"started", args.started},
-              {"finished", isoNow()},
-              {"collective", args.collective},
-              {"ranks", ranks},
-              {"dtype", toString(args.dtype)},
-              {"op", toString(args.op)},
-              {"root", args.root},
-              {"algorithm", toString(args.algorithm)},
-              {"registered", args.registerBuffers},
-              {"iterations", args.iterations},
-              {"warmup", args.warmup},
-              {"buffers", args.buffers},
-              {"config", config},
-              {"checked", args.check},
-              {"avg_busbw_gbs", avgBusbw},
-              {"rows", json::array()}};
-  for (const Row& r : rows) {
-    doc["rows"].push_back({{"size", r.bytes},
-                           {"count", r.count},
-                           {"in_place", r.inPlace},
-                           {"time_us", r.time},
-                           {"time_min_us", r.minTime},
-                           {"time_max_us", r.maxTime},
-                           {"algbw_gbs", r.algbw},
-                           {"busbw_gbs", r.busbw},
-                           {"wrong", args.check ? json(r.wrong) : json(nullptr)}});
-  }
-  std::ofstream out(args.json);
-  out << doc.dump(2) << "\n";
-  if (!out) throw Error(ErrorKind::InvalidArgument, fmt::format("cannot write {}", args.json));
-}
 
 int runCollective(const Args& args) {
   auto backend = initFromEnvironment();
