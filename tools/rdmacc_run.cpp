@@ -1,6 +1,7 @@
-// rdmacc-run: a local launcher. Starts N ranks with torchrun's environment,
-// hosts the TCP store for them, prefixes every output line with the rank, and
-// stops everyone as soon as one rank fails.
+// rdmacc-run: a launcher. Starts N ranks on this host with torchrun's
+// environment, hosts the TCP store for them (on node 0 of a multi-node job),
+// prefixes every output line with the rank (and the host, across hosts), and
+// stops everyone on this host as soon as one rank fails.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -21,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/config.hpp"
+#include "rdmacc/environment.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
 #include "rdmacc/version.hpp"
@@ -89,17 +91,44 @@ int exitCode(int status) {
 int main(int argc, char** argv) {
   CLI::App app(
       "Starts N copies of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, "
-      "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun does) and rdmacc's TCP "
-      "store hosted by the launcher (RDMACC_AGENT_STORE=1, RDMACC_STORE_PORT; MASTER_PORT stays "
-      "free for torch.distributed's store). Output lines are prefixed with [rank]. If a rank "
-      "fails, the others get SIGTERM (SIGKILL 5 s later) and rdmacc-run exits with the failing "
-      "rank's status.",
+      "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT set (as torchrun does) and "
+      "rdmacc's TCP store hosted by the launcher (RDMACC_AGENT_STORE=1, RDMACC_STORE_PORT; "
+      "MASTER_PORT stays free for torch.distributed's store). Across hosts, as torchrun: run it "
+      "on every host with the same --nnodes, --master-addr and ports and that host's "
+      "--node-rank; node 0's launcher hosts the store. Output lines are prefixed with [rank] "
+      "([host:rank] across hosts). If a rank fails, the others on this host get SIGTERM "
+      "(SIGKILL 5 s later; the other hosts' ranks learn of it from rdmacc within the "
+      "operation's timeout) and rdmacc-run exits with the failing rank's status.",
       "rdmacc-run");
   rdmacc::cli::addVersion(app);
   int n = 0;
+  int nnodes = 1;
+  int nodeRank = 0;
+  std::string masterAddr;
+  int masterPort = 0;
+  int storePort = 0;
   bool noPrefix = false;
   std::string timeoutText = "0";
-  app.add_option("-n,--nproc", n, "ranks to start")->required()->check(CLI::Range(1, 4096));
+  app.add_option("-n,--nproc,--nproc-per-node", n, "ranks to start on this host")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--nnodes", nnodes, "hosts in the job (each runs rdmacc-run)")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  app.add_option("--node-rank", nodeRank, "this host's index, 0 .. nnodes-1 (0 hosts the store)")
+      ->check(CLI::Range(0, 65534))
+      ->capture_default_str();
+  app.add_option("--master-addr", masterAddr,
+                 "IPv4 address of node 0, reachable from every host (required with --nnodes > "
+                 "1; default 127.0.0.1)");
+  app.add_option("--master-port", masterPort,
+                 "MASTER_PORT for torch.distributed's store (default: 29500 across hosts, a free "
+                 "port on one)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--store-port", storePort,
+                 "port of rdmacc's store on node 0 (default: master port + 1 across hosts, a "
+                 "free port on one)")
+      ->check(CLI::Range(1, 65535));
   app.add_option("--timeout", timeoutText,
                  "stop everything when it expires (exit 124): 300 or 300s, 250ms, 5m, 1h; 0: "
                  "never")
@@ -114,27 +143,66 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "rdmacc-run: no program to start (rdmacc-run -n N -- PROGRAM [ARGS...])\n");
     return rdmacc::cli::kUsage;
   }
+  if (nnodes > 1 && masterAddr.empty()) {
+    fmt::print(stderr,
+               "rdmacc-run: --nnodes {} needs --master-addr: the address of node 0 that every "
+               "host reaches (the same on every host)\n",
+               nnodes);
+    return rdmacc::cli::kUsage;
+  }
+  if (nodeRank >= nnodes) {
+    fmt::print(stderr, "rdmacc-run: --node-rank {} is not below --nnodes {}\n", nodeRank, nnodes);
+    return rdmacc::cli::kUsage;
+  }
+  if (static_cast<int64_t>(nnodes) * n > 65535) {
+    fmt::print(stderr, "rdmacc-run: {} hosts x {} ranks is more than rdmacc's 65535 ranks\n",
+               nnodes, n);
+    return rdmacc::cli::kUsage;
+  }
+  const bool multiNode = nnodes > 1;
+  if (masterAddr.empty()) masterAddr = "127.0.0.1";
+  if (multiNode && masterPort == 0) masterPort = 29500;
+  if (multiNode && storePort == 0) {
+    if (masterPort == 65535) {
+      fmt::print(stderr,
+                 "rdmacc-run: --master-port 65535 leaves no port for the store: give "
+                 "--store-port\n");
+      return rdmacc::cli::kUsage;
+    }
+    storePort = masterPort + 1;
+  }
   const bool prefix = !noPrefix;
+  const std::string host = rdmacc::hostName();
   const std::chrono::milliseconds timeout = rdmacc::cli::parseSeconds(timeoutText);
   std::vector<char*> programArgv;
   for (auto& arg : program) programArgv.push_back(arg.data());
   programArgv.push_back(nullptr);
 
+  // Node 0 hosts rdmacc's store at --master-addr (one of its own addresses:
+  // a wrong one fails here, not in every rank later).
   std::unique_ptr<rdmacc::TCPStoreServer> store;
-  try {
-    store = std::make_unique<rdmacc::TCPStoreServer>("127.0.0.1", 0);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "rdmacc-run: cannot host the store: {}\n", e.what());
-    return 1;
+  if (nodeRank == 0) {
+    try {
+      store =
+          std::make_unique<rdmacc::TCPStoreServer>(masterAddr, static_cast<uint16_t>(storePort));
+      storePort = store->port();
+    } catch (const std::exception& e) {
+      fmt::print(stderr,
+                 "rdmacc-run: cannot host the store at {}:{}: {}\n(--master-addr must be an "
+                 "address of this host, node 0; --store-port a free port)\n",
+                 masterAddr, storePort, e.what());
+      return 1;
+    }
   }
   // MASTER_PORT is left free for torch.distributed, whose rank 0 hosts its
   // own store there (a different protocol); rdmacc's store has its own port.
-  uint16_t masterPort = 0;
-  try {
-    masterPort = freePort();
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "rdmacc-run: {}\n", e.what());
-    return 1;
+  if (masterPort == 0) {
+    try {
+      masterPort = freePort();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "rdmacc-run: {}\n", e.what());
+      return 1;
+    }
   }
   struct sigaction sa {};
   sa.sa_handler = onSignal;
@@ -157,19 +225,22 @@ int main(int argc, char** argv) {
       std::string_view name = kv.substr(0, kv.find('='));
       if (name == "RANK" || name == "LOCAL_RANK" || name == "WORLD_SIZE" ||
           name == "LOCAL_WORLD_SIZE" || name == "MASTER_ADDR" || name == "MASTER_PORT" ||
-          name == "RDMACC_AGENT_STORE" || name == "RDMACC_STORE_PORT") {
+          name == "GROUP_RANK" || name == "GROUP_WORLD_SIZE" || name == "RDMACC_AGENT_STORE" ||
+          name == "RDMACC_STORE_PORT") {
         continue;
       }
       envStrings.emplace_back(kv);
     }
-    envStrings.push_back(fmt::format("RANK={}", r));
+    envStrings.push_back(fmt::format("RANK={}", nodeRank * n + r));
     envStrings.push_back(fmt::format("LOCAL_RANK={}", r));
-    envStrings.push_back(fmt::format("WORLD_SIZE={}", n));
+    envStrings.push_back(fmt::format("WORLD_SIZE={}", nnodes * n));
     envStrings.push_back(fmt::format("LOCAL_WORLD_SIZE={}", n));
-    envStrings.push_back("MASTER_ADDR=127.0.0.1");
+    envStrings.push_back(fmt::format("GROUP_RANK={}", nodeRank));
+    envStrings.push_back(fmt::format("GROUP_WORLD_SIZE={}", nnodes));
+    envStrings.push_back(fmt::format("MASTER_ADDR={}", masterAddr));
     envStrings.push_back(fmt::format("MASTER_PORT={}", masterPort));
     envStrings.push_back("RDMACC_AGENT_STORE=1");
-    envStrings.push_back(fmt::format("RDMACC_STORE_PORT={}", store->port()));
+    envStrings.push_back(fmt::format("RDMACC_STORE_PORT={}", storePort));
     std::vector<char*> envp;
     for (auto& kv : envStrings) envp.push_back(kv.data());
     envp.push_back(nullptr);
@@ -193,9 +264,14 @@ int main(int argc, char** argv) {
     }
     close(out[1]);
     close(err[1]);
-    ranks[static_cast<size_t>(r)] = Rank{.rank = r, .pid = pid, .out = out[0], .err = err[0]};
+    ranks[static_cast<size_t>(r)] =
+        Rank{.rank = nodeRank * n + r, .pid = pid, .out = out[0], .err = err[0]};
   }
 
+  auto prefixOf = [&](const Rank& r) -> std::string {
+    if (!prefix) return {};
+    return multiNode ? fmt::format("[{}:{}] ", host, r.rank) : fmt::format("[{}] ", r.rank);
+  };
   const auto start = Clock::now();
   int firstFailure = -1;  // rank
   int result = 0;
@@ -224,7 +300,7 @@ int main(int argc, char** argv) {
       char buf[65536];
       ssize_t got = read(fds[k].fd, buf, sizeof buf);
       std::string& b = isOut ? r->outBuf : r->errBuf;
-      std::string pfx = prefix ? fmt::format("[{}] ", r->rank) : "";
+      std::string pfx = prefixOf(*r);
       if (got > 0) {
         b.append(buf, static_cast<size_t>(got));
         emit(pfx, b, isOut ? stdout : stderr, false);
@@ -245,9 +321,10 @@ int main(int argc, char** argv) {
         if (exitCode(status) != 0 && firstFailure < 0 && !terminated) {
           firstFailure = r.rank;
           result = exitCode(status);
-          fmt::print(stderr, "rdmacc-run: rank {} {} {}; stopping the other ranks\n", r.rank,
+          fmt::print(stderr, "rdmacc-run: rank {} {} {}; stopping the other ranks{}\n", r.rank,
                      WIFSIGNALED(status) ? "was killed by signal" : "exited with status",
-                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
+                     multiNode ? fmt::format(" on {}", host) : "");
           terminateAll(SIGTERM);
           terminated = true;
           killAt = Clock::now() + std::chrono::seconds(5);
@@ -274,7 +351,7 @@ int main(int argc, char** argv) {
   }
   // Drain what is left in the pipes.
   for (auto& r : ranks) {
-    std::string pfx = prefix ? fmt::format("[{}] ", r.rank) : "";
+    std::string pfx = prefixOf(r);
     for (int* fd : {&r.out, &r.err}) {
       if (*fd < 0) continue;
       char buf[65536];

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Every collective across hosts: rdmacc's collective suite (every op, dtype,
+# root, uneven splits) on BED_HOSTS hosts x 2 ranks, shared memory inside a
+# host and RDMA between hosts (RDMACC_TRANSPORT=auto), then every rank over
+# RDMA. Run it with one host at MTU 1500 (tests/CMakeLists.txt does): the
+# path MTU between two hosts is the smaller one, and nothing hangs.
+BUILD=$1
+source "$(dirname "$0")/lib.sh"
+for h in $(seq 0 $((BED_HOSTS - 1))); do
+  rxe-cluster exec "$h" -- sh -c 'echo "$(hostname): $RXE_IP, eth0 MTU $(cat /sys/class/net/eth0/mtu), rxe0 active MTU $(ibv_devinfo -d rxe0 | awk "/active_mtu/{print \$2}")"'
+done
+rc=0; run_job --timeout 600s -- "$BUILD/tests/rdmacc_collective_tests" || rc=$?
+check "collective suite, shared memory inside hosts + RDMA between them" $rc
+rc=0; run_job --timeout 600s -- env RDMACC_TRANSPORT=rdma "$BUILD/tests/rdmacc_collective_tests" || rc=$?
+check "collective suite, every rank over RDMA" $rc
+finish

@@ -1,0 +1,165 @@
+// What a rank sees of a network fault, run on the cluster bed
+// (tests/cluster/faults.sh starts it on every host and makes the fault).
+//
+//   rdmacc_cluster_fault survive|fail|fail-final SIGNAL_DIR
+//
+// Every rank forms a group and runs checked 256 KiB allreduces in a loop;
+// rank 0 creates SIGNAL_DIR/ready once they run, and the scenario then makes
+// its fault and, when it is over, creates SIGNAL_DIR/restored.
+//   survive     every allreduce succeeds with the right result through the
+//               fault; ends 10 allreduces after `restored`; prints the
+//               longest one (the stall the fault caused)
+//   fail        an allreduce fails within its timeout (RDMACC_TEST_OP_TIMEOUT
+//               seconds, default 20) naming a rank; after `restored` the
+//               process forms a new group with the same ranks and its
+//               allreduce is right (the next step after an elastic restart)
+//   fail-final  as fail, without the new group (a host is gone for good)
+// Exit status 0 when the rank saw what its mode expects.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "rdmacc/backend.hpp"
+#include "rdmacc/environment.hpp"
+#include "rdmacc/error.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+long long ms(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+}
+
+std::shared_ptr<rdmacc::VerbsBackend> makeBackend(const std::string& group) {
+  rdmacc::VerbsBackend::Options options;
+  options.groupName = group;
+  return rdmacc::initFromEnvironment(options);
+}
+
+// One checked allreduce of (rank + 1 + i) over every rank: the expected sum is
+// size * (size + 1) / 2 + size * i. Throws what the allreduce throws; returns
+// false on a wrong element.
+bool allreduceOnce(rdmacc::VerbsBackend& backend, std::vector<float>& data, int iteration,
+                   std::chrono::milliseconds timeout) {
+  const int rank = backend.getRank(), size = backend.getSize();
+  const float base = static_cast<float>(iteration % 1000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(rank + 1) + base;
+  std::vector<rdmacc::Tensor> t{
+      rdmacc::Tensor{data.data(), data.size(), rdmacc::DataType::Float32}};
+  backend.allreduce(t, rdmacc::AllreduceOptions{.timeout = timeout})->wait();
+  const float want = static_cast<float>(size * (size + 1) / 2) + static_cast<float>(size) * base;
+  for (float v : data) {
+    if (v != want) {
+      fmt::print("rank {}: allreduce {} gave {} instead of {}\n", rank, iteration, v, want);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    fmt::print(stderr, "usage: rdmacc_cluster_fault survive|fail|fail-final SIGNAL_DIR\n");
+    return 2;
+  }
+  const std::string_view mode = argv[1];
+  const std::string dir = argv[2];
+  const char* timeoutText = std::getenv("RDMACC_TEST_OP_TIMEOUT");
+  const auto timeout = std::chrono::milliseconds(
+      1000 * (timeoutText != nullptr ? std::strtol(timeoutText, nullptr, 10) : 20));
+  std::vector<float> data(64 * 1024);
+  auto backend = makeBackend("fault");
+  const int rank = backend->getRank();
+  const std::string host = rdmacc::hostName();
+  int i = 0;
+  try {
+    for (; i < 5; ++i) {
+      if (!allreduceOnce(*backend, data, i, timeout)) return 1;
+    }
+  } catch (const std::exception& e) {
+    fmt::print("rank {} on {}: failed before the fault: {}\n", rank, host, e.what());
+    return 1;
+  }
+  backend->barrier()->wait();
+  if (rank == 0) {
+    if (FILE* f = std::fopen((dir + "/ready").c_str(), "w")) std::fclose(f);
+  }
+  const auto deadline = Clock::now() + 10min;
+  if (mode == "survive") {
+    Clock::duration longest{};
+    int after = -1;  // allreduces since `restored`
+    try {
+      while (after < 10 && Clock::now() < deadline) {
+        auto start = Clock::now();
+        if (!allreduceOnce(*backend, data, i++, timeout)) return 1;
+        longest = std::max(longest, Clock::now() - start);
+        if (after >= 0) {
+          ++after;
+        } else if (exists(dir + "/restored")) {
+          after = 0;
+        }
+      }
+    } catch (const std::exception& e) {
+      fmt::print("rank {} on {}: allreduce {} failed through the fault: {}\n", rank, host, i,
+                 e.what());
+      return 1;
+    }
+    fmt::print("rank {} on {}: {} allreduces right through the fault, longest {} ms\n", rank, host,
+               i, ms(longest));
+    return after >= 10 ? 0 : 1;
+  }
+  if (mode != "fail" && mode != "fail-final") {
+    fmt::print(stderr, "unknown mode '{}'\n", mode);
+    return 2;
+  }
+  std::string error;
+  Clock::duration took{};
+  while (error.empty() && Clock::now() < deadline) {
+    auto start = Clock::now();
+    try {
+      if (!allreduceOnce(*backend, data, i++, timeout)) return 1;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    took = Clock::now() - start;
+  }
+  fmt::print("rank {} on {}: allreduce {} failed after {} ms: {}\n", rank, host, i, ms(took),
+             error);
+  bool ok = !error.empty() && error.find("rank ") != std::string::npos && took < timeout + 10s;
+  if (!ok)
+    fmt::print("rank {} on {}: expected an error naming a rank within {} s\n", rank, host,
+               timeout.count() / 1000 + 10);
+  backend.reset();
+  if (mode == "fail-final") return ok ? 0 : 1;
+  while (!exists(dir + "/restored") && Clock::now() < deadline) std::this_thread::sleep_for(100ms);
+  try {
+    auto start = Clock::now();
+    auto again = makeBackend("after-fault");
+    bool right = allreduceOnce(*again, data, 7, timeout);
+    fmt::print("rank {} on {}: a new group after the fault: formed and {} in {} ms\n", rank, host,
+               right ? "right" : "WRONG", ms(Clock::now() - start));
+    again->barrier()->wait();
+    ok = ok && right;
+  } catch (const std::exception& e) {
+    fmt::print("rank {} on {}: no new group after the fault: {}\n", rank, host, e.what());
+    ok = false;
+  }
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,35 @@
+# Helpers for the cluster scenarios (sourced; run by tools/rxe-cluster on
+# this machine, driving the hosts with rxe-cluster exec/link/netem/kill).
+# BUILD: the build directory (first argument of every scenario).
+set -uo pipefail
+BUILD=${BUILD:?BUILD is the build directory}
+PER_HOST=${PER_HOST:-2}
+port=29400
+
+# job NAME [rdmacc-run options] -- PROGRAM...: the same job started on every
+# host through rdmacc-run (node I on host I, the store on host 0), each
+# host's launcher in the background; prints the job ids.
+start_job() {
+  port=$((port + 2))
+  local h ids=()
+  for ((h = 0; h < BED_HOSTS; h++)); do
+    ids+=("$(rxe-cluster exec --bg "$h" -- "$BUILD/rdmacc-run" --nnodes "$BED_HOSTS" --node-rank "$h" \
+      --master-addr "$BED_MASTER" --master-port "$port" -n "$PER_HOST" "$@")")
+  done
+  echo "${ids[*]}"
+}
+# run_job [rdmacc-run options] -- PROGRAM...: start_job and wait for it; the
+# worst exit status of the hosts.
+run_job() {
+  local ids; ids=$(start_job "$@")
+  # shellcheck disable=SC2086
+  rxe-cluster wait $ids
+}
+fails=0
+check() {  # check NAME STATUS: report a step
+  if [[ $2 == 0 ]]; then echo "=== PASS $1"; else echo "=== FAIL $1 (status $2)"; fails=$((fails + 1)); fi
+}
+finish() {
+  if ((fails)); then echo "=== $fails step(s) failed"; exit 1; fi
+  echo "=== all steps passed"
+}
