@@ -21,7 +21,7 @@ using enum OptionType;
 // clang-format off
 constexpr std::array kOptions = {
   OptionSpec{"RDMACC_IB_HCA", String, "", "",
-    "RDMA device and port to use, as device[:port] (e.g. mlx5_0:1, rxe0); empty: the first active port with an IPv4 address", 0, 0},
+    "RDMA device(s) and port(s), as device[:port] or a comma-separated list (e.g. mlx5_0:1,mlx5_1:1): local rank r takes entry r mod n; empty: every active port with an IPv4 address, spread the same way", 0, 0},
   OptionSpec{"RDMACC_SOCKET_IFNAME", String, "", "",
     "network interface whose IPv4 address rdma_cm binds to (e.g. eth0); empty: derived from the device's GID table", 0, 0},
   OptionSpec{"RDMACC_IB_GID_INDEX", Int, "-1", "",

@@ -86,27 +86,40 @@ void checkSrunStep() {
 
 }  // namespace
 
+namespace {
+
+struct Scheme {
+  const char* rank;
+  const char* size;
+  const char* localRank;
+  const char* launcher;
+};
+constexpr Scheme kSchemes[] = {
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun/rdmacc-run"},
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"},
+    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "mpirun"},
+    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "srun"},
+};
+
+// The launcher that set this process's rank, if any.
+const Scheme* launcherScheme() {
+  for (const auto& s : kSchemes) {
+    if (env(s.rank) != nullptr || env(s.size) != nullptr) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+int localRankFromEnvironment() {
+  const Scheme* s = launcherScheme();
+  if (s == nullptr || env(s->localRank) == nullptr) return 0;
+  return envInt(s->localRank, 0, 1 << 20);
+}
+
 GroupEnvironment groupFromEnvironment(const Config& config) {
   GroupEnvironment g;
-  struct Scheme {
-    const char* rank;
-    const char* size;
-    const char* localRank;
-    const char* launcher;
-  };
-  constexpr Scheme kSchemes[] = {
-      {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun/rdmacc-run"},
-      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"},
-      {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "mpirun"},
-      {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "srun"},
-  };
-  const Scheme* found = nullptr;
-  for (const auto& s : kSchemes) {
-    if (env(s.rank) != nullptr || env(s.size) != nullptr) {
-      found = &s;
-      break;
-    }
-  }
+  const Scheme* found = launcherScheme();
   if (found == nullptr) {
     g.launcher = "single process";
     g.store = std::make_shared<HashStore>(config.getDuration("RDMACC_STORE_TIMEOUT"));

@@ -25,6 +25,11 @@ struct GroupEnvironment {
 // naming the variable that is missing or malformed.
 GroupEnvironment groupFromEnvironment(const Config& config);
 
+// This process's rank among the ranks of its host, from LOCAL_RANK,
+// OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID (the launcher
+// that set the rank); 0 when none is set. Throws Error naming a malformed one.
+int localRankFromEnvironment();
+
 // This host's name (gethostname), "" when it has none: for log lines, file
 // names and JSON records.
 std::string hostName();

@@ -60,9 +60,21 @@ struct Endpoint {
 };
 
 // Chooses device, port and address from RDMACC_IB_HCA, RDMACC_SOCKET_IFNAME,
-// RDMACC_IB_GID_INDEX. Throws Error(NoDevice/InvalidArgument) that names what
-// exists and what to change.
-Endpoint selectEndpoint(const Config& config);
+// RDMACC_IB_GID_INDEX. With several usable ports (RDMACC_IB_HCA lists more
+// than one, or it is empty and the host has several), the local ranks spread
+// over them: local rank r takes port r mod n, as NCCL's ranks spread over a
+// host's NICs. Throws Error(NoDevice/InvalidArgument) that names what exists
+// and what to change.
+Endpoint selectEndpoint(const Config& config);  // local rank from the environment
+Endpoint selectEndpoint(const Config& config, int localRank);
+
+// RDMACC_IB_HCA's syntax, "device[:port][,device[:port]]..." (pure; throws
+// Error(InvalidArgument) naming the bad entry). Port 0: any port.
+struct HcaEntry {
+  std::string device;
+  int port = 0;
+};
+std::vector<HcaEntry> parseHcaList(const std::string& text);
 
 // The GID rule alone, on a port's table (pure; tested without a device):
 // an explicit index must exist (and be RoCE v2 on Ethernet); otherwise the

@@ -358,6 +358,11 @@ TEST(InProcess, BadDeviceChoicesNameWhatExists) {
   expectError({{"RDMACC_IB_GID_INDEX", "77"}}, "RDMACC_IB_GID_INDEX=77 does not exist");
   expectError({{"RDMACC_SOCKET_IFNAME", "nosuch-if"}}, "RDMACC_SOCKET_IFNAME=nosuch-if");
   EXPECT_NO_THROW(selectEndpoint(Config::load({{"RDMACC_IB_HCA", dev + ":1"}})));
+  expectError({{"RDMACC_IB_HCA", dev + ",nosuch0"}}, "'nosuch0', which does not exist");
+  // A list: local rank r takes entry r mod n.
+  auto listed = selectEndpoint(Config::load({{"RDMACC_IB_HCA", dev + "," + dev}}), 3);
+  EXPECT_EQ(listed.device, dev);
+  EXPECT_NE(listed.reason.find("for local rank 3"), std::string::npos) << listed.reason;
 }
 
 TEST(InProcess, RegistrationOfUnmappedMemoryFailsClearly) {

@@ -145,3 +145,40 @@ TEST(NoDevice, ErrorSaysHowToGetOne) {
 
 }  // namespace
 }  // namespace rdmacc
+
+namespace rdmacc {
+namespace {
+
+TEST(HcaList, ParsesDevicesAndPorts) {
+  EXPECT_TRUE(parseHcaList("").empty());
+  auto one = parseHcaList("rxe0");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].device, "rxe0");
+  EXPECT_EQ(one[0].port, 0);
+  auto two = parseHcaList("mlx5_0:1,mlx5_1:2");
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[1].device, "mlx5_1");
+  EXPECT_EQ(two[1].port, 2);
+}
+
+TEST(HcaList, RejectsMalformedEntriesNamingThem) {
+  auto expectError = [](const std::string& text, const std::string& fragment) {
+    try {
+      parseHcaList(text);
+      ADD_FAILURE() << "no error for '" << text << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expectError("rxe0,", "empty entry");
+  expectError(",rxe0", "empty entry");
+  expectError("rxe0:x", "bad port in 'rxe0:x'");
+  expectError("rxe0:0", "bad port");
+  expectError("rxe0:99999999999", "bad port");
+  expectError("rxe0:", "bad port");
+  expectError(":1", "without a device");
+}
+
+}  // namespace
+}  // namespace rdmacc
