@@ -83,6 +83,8 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_SPIN_YIELD", String, "auto", "",
     "give the CPU away (sched_yield) between polls while spinning: 1, 0, or auto (when this host runs "
     "more ranks of the group than the process may use CPUs, as Open MPI's yield_when_idle)", 0, 0},
+  OptionSpec{"RDMACC_KEEPALIVE_INTERVAL", Duration, "1s", "",
+    "while an operation waits for a peer over RDMA, the path to it is probed this often (a zero-byte write): a dead link or host fails the operation once the retry budget (RDMACC_IB_TIMEOUT x RDMACC_IB_RETRY_CNT) is spent, not at its timeout; 0: never", 0, 0},
   OptionSpec{"RDMACC_CONNECT_TIMEOUT", Duration, "60s", "",
     "time allowed for every peer to arrive and connect when the group forms", 0, 0},
   OptionSpec{"RDMACC_STORE_TIMEOUT", Duration, "300s", "",

@@ -62,6 +62,7 @@ struct Engine::Impl final : TransportSink, Steppable {
   };
   std::vector<FailedCompletion> failedCompletions;
   Clock::time_point lastConnectionCheck{};
+  Clock::time_point nextProbe{};
 
   std::deque<std::unique_ptr<Active>> collectives;    // the front one runs
   std::vector<std::unique_ptr<Active>> pointToPoint;  // in submission order
@@ -234,6 +235,33 @@ struct Engine::Impl final : TransportSink, Steppable {
             "(RDMACC_TIMEOUT) if it is only slow"}));
   }
 
+  // Keep-alive: every `keepalive`, the peers that pending operations wait
+  // for are probed; a path that no longer carries packets fails through
+  // the transport (the peer and the completion status named).
+  void probeAwaitedPeers() {
+    if (options.keepalive.count() == 0) return;
+    auto now = Clock::now();
+    if (now < nextProbe) return;
+    if (nextProbe == Clock::time_point{}) {  // the first call: nothing waited yet
+      nextProbe = now + options.keepalive;
+      return;
+    }
+    nextProbe = now + options.keepalive;
+    std::vector<bool> probed(static_cast<size_t>(size), false);
+    auto probe = [&](const Active& a) {
+      if (!a.started) return;
+      for (int peer : awaited(a, chunk)) {
+        if (peer == rank || peer < 0 || peer >= size) continue;
+        auto p = static_cast<size_t>(peer);
+        if (probed[p] || dead[p] || gone[p]) continue;
+        probed[p] = true;
+        transport->probe(peer);
+      }
+    };
+    for (const auto& a : collectives) probe(*a);
+    for (const auto& a : pointToPoint) probe(*a);
+  }
+
   // Fails everything pending; later submissions fail at once.
   void breakGroup(const Error& error, bool tellPeers = true) {
     if (broken) return;
@@ -350,6 +378,7 @@ struct Engine::Impl final : TransportSink, Steppable {
     }
     if (!broken) progress |= executor.advancePointToPoint(pointToPoint, pool);
     if (!broken) checkDeadlines();
+    if (!broken) probeAwaitedPeers();
     // How long to spin next: the oldest work's kind.
     loop.setLatencyBound(!collectives.empty()    ? collectives.front()->latencyBound
                          : !pointToPoint.empty() ? pointToPoint.front()->latencyBound

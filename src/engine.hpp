@@ -105,6 +105,11 @@ struct EngineOptions {
   // are sent without the staging copy. Null: always copy.
   const RegistrationCache* registrations = nullptr;
   size_t zeroCopyMinBytes = 16384;
+  // Keep-alive (RDMACC_KEEPALIVE_INTERVAL): the peers a pending operation
+  // waits for are probed this often (Transport::probe), so a dead link or
+  // host fails the operation within the retry budget instead of its
+  // timeout. 0: never.
+  std::chrono::milliseconds keepalive{1000};
 };
 
 // Threading: submit() and abort() from any thread; everything else belongs to

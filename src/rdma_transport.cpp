@@ -239,6 +239,24 @@ void RdmaTransport::onReceive(TransportSink& sink, int from, size_t laneIndex,
   sink.arrived(from, in);
 }
 
+// ----------------------------------------------------------- keep-alive --
+
+void RdmaTransport::probe(int to) {
+  PeerState& p = peer(to);
+  Lane& lane = p.lanes[0];
+  // A signaled write last in the queue has not completed yet: it tests the
+  // path already (a failing QP completes every outstanding request in error).
+  if (!lane.posted.empty() && lane.unsignaledRun == 0) return;
+  if (sendQueueFull(lane)) return;
+  verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(to), 1}),
+                        .remoteAddr = p.remoteBase,
+                        .rkey = p.rkey};
+  if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
+    throw verbs::verbsError("ibv_post_send", rc, fmt::format("probing rank {}", to));
+  }
+  posted(lane, -1, true);
+}
+
 // ------------------------------------------------------------ shutdown --
 
 // A peer may still be waiting for our last message of a completed operation.

@@ -90,6 +90,7 @@ class RdmaTransport final : public Transport {
   std::array<int, 3> eventFds() const override { return {mesh_.cq().fd(), mesh_.eventFd(), -1}; }
   void consumeEvents() override { mesh_.cq().drainEvents(); }
   void drain(const std::vector<bool>& dead) override;
+  void probe(int peer) override;
 
  private:
   // Both regions hold slotsPerPeer slots for every other rank, in rank order

@@ -77,6 +77,7 @@ class RoutedTransport final : public Transport, private TransportSink {
     first_->consumeEvents();
     second_->consumeEvents();
   }
+  void probe(int peer) override { of(peer).probe(peer); }
   void drain(const std::vector<bool>& dead) override {
     first_->drain(dead);
     second_->drain(dead);

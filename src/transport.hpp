@@ -122,6 +122,13 @@ class Transport {
   // Before the connections go away: lets transfers already posted to the
   // peers still alive land (bounded wait).
   virtual void drain(const std::vector<bool>& dead) = 0;
+
+  // Keep-alive for a peer an operation waits for: proves the path to it
+  // still carries packets. RDMA: a signaled zero-byte write (unless one is in
+  // flight), which poll() reports as a failure naming the peer and
+  // IBV_WC_RETRY_EXC_ERR once the retry budget is spent on a dead link or
+  // host. Shared memory: nothing (a dead process shows otherwise).
+  virtual void probe(int peer) { (void)peer; }
 };
 
 }  // namespace rdmacc

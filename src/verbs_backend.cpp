@@ -149,7 +149,9 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .spinYield = yield,
           // Zero-copy sends and direct receives exist on RDMA only.
           .registrations = s.mesh ? s.registrations.get() : nullptr,
-          .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES"))});
+          .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES")),
+          .keepalive = std::chrono::duration_cast<std::chrono::milliseconds>(
+              s.config.getDuration("RDMACC_KEEPALIVE_INTERVAL"))});
   s.driver = s.engine->driver();
 }
 

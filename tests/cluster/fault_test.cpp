@@ -17,9 +17,11 @@
 // Exit status 0 when the rank saw what its mode expects.
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -72,6 +74,18 @@ bool allreduceOnce(rdmacc::VerbsBackend& backend, std::vector<float>& data, int 
   return true;
 }
 
+// Whether any rank has seen SIGNAL_DIR/restored: the same answer on every
+// rank, so that all stop after the same allreduce.
+bool sawRestored(rdmacc::VerbsBackend& backend, const std::string& dir,
+                 std::chrono::milliseconds timeout) {
+  int32_t seen = exists(dir + "/restored") ? 1 : 0;
+  std::vector<rdmacc::Tensor> t{rdmacc::Tensor{&seen, 1, rdmacc::DataType::Int32}};
+  backend
+      .allreduce(t, rdmacc::AllreduceOptions{.reduceOp = rdmacc::ReduceOp::Max, .timeout = timeout})
+      ->wait();
+  return seen != 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,6 +93,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "usage: rdmacc_cluster_fault survive|fail|fail-final SIGNAL_DIR\n");
     return 2;
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach the launcher as they are written
   const std::string_view mode = argv[1];
   const std::string dir = argv[2];
   const char* timeoutText = std::getenv("RDMACC_TEST_OP_TIMEOUT");
@@ -99,8 +114,14 @@ int main(int argc, char** argv) {
   }
   backend->barrier()->wait();
   if (rank == 0) {
-    if (FILE* f = std::fopen((dir + "/ready").c_str(), "w")) std::fclose(f);
+    FILE* f = std::fopen((dir + "/ready").c_str(), "w");
+    if (f == nullptr) {
+      fmt::print("rank 0: cannot create {}/ready: {}\n", dir, std::strerror(errno));
+      return 1;
+    }
+    std::fclose(f);
   }
+  fmt::print("rank {} on {}: {} allreduces right, waiting for the fault\n", rank, host, i);
   const auto deadline = Clock::now() + 10min;
   if (mode == "survive") {
     Clock::duration longest{};
@@ -112,10 +133,11 @@ int main(int argc, char** argv) {
         longest = std::max(longest, Clock::now() - start);
         if (after >= 0) {
           ++after;
-        } else if (exists(dir + "/restored")) {
-          after = 0;
+        } else if (sawRestored(*backend, dir, timeout)) {
+          after = 0;  // every rank agrees on when (a MAX over the ranks' views)
         }
       }
+      backend->barrier()->wait();
     } catch (const std::exception& e) {
       fmt::print("rank {} on {}: allreduce {} failed through the fault: {}\n", rank, host, i,
                  e.what());
