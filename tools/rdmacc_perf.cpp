@@ -585,11 +585,38 @@ class CollectiveBench {
   std::vector<Registered> registered_;
 };
 
+// Resident memory of this process in KiB (VmRSS), 0 when unknown.
+double residentKiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr);
+  }
+  return 0;
+}
+
 int runCollective(const Args& args) {
+  const auto formStart = std::chrono::steady_clock::now();
   auto backend = initFromEnvironment();
+  // How long forming the group took and what a rank holds after it: the
+  // slowest and largest rank's (a MAX over the ranks).
+  std::array<double, 2> formed{
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - formStart)
+          .count(),
+      residentKiB()};
+  {
+    std::vector<Tensor> t{Tensor{formed.data(), formed.size(), DataType::Float64}};
+    backend->allreduce(t, AllreduceOptions{.reduceOp = ReduceOp::Max})->wait();
+  }
   CollectiveBench bench(args, backend);
   Case c = bench.describe();
   bool lead = backend->getRank() == 0;
+  if (lead) {
+    fmt::print(
+        "# group of {} ranks formed in {:.0f} ms (slowest rank), {:.1f} MiB resident (largest "
+        "rank)\n",
+        backend->getSize(), formed[0], formed[1] / 1024);
+  }
   bool reduces = args.collective == "allreduce" || args.collective == "reduce" ||
                  args.collective == "reduce_scatter";
   bool rooted = args.collective == "broadcast" || args.collective == "reduce" ||
