@@ -121,12 +121,18 @@ bool needs(const Active& a, int peer, size_t chunk, const Matching& matching) {
 
 std::vector<int> awaited(const Active& a, size_t chunk) {
   std::vector<int> out;
+  awaitedInto(a, chunk, out);
+  return out;
+}
+
+void awaitedInto(const Active& a, size_t chunk, std::vector<int>& out) {
+  out.clear();
   const Operation& op = *a.op;
   if (op.pointToPoint) {
     if (a.source >= 0) out.push_back(a.source);
-    return out;
+    return;
   }
-  if (!a.started || a.step >= op.steps().size()) return out;
+  if (!a.started || a.step >= op.steps().size()) return;
   const Step& s = op.steps()[a.step];
   for (size_t j = 0; j < s.recvs.size(); ++j) {
     if (a.receivedMessages[j] < messageCount(s.recvs[j].range.bytes, chunk)) {
@@ -139,7 +145,6 @@ std::vector<int> awaited(const Active& a, size_t chunk) {
       out.push_back(s.sends[i].peer);
     }
   }
-  return out;
 }
 
 }  // namespace rdmacc

@@ -104,5 +104,8 @@ bool needs(const Active& a, int peer, size_t chunk, const Matching& matching);
 
 // The peers the operation waits for in its current step (for errors).
 std::vector<int> awaited(const Active& a, size_t chunk);
+// The same into `out` (cleared first; no allocation once it has capacity
+// for the group: the engine's keep-alive calls it on the data path).
+void awaitedInto(const Active& a, size_t chunk, std::vector<int>& out);
 
 }  // namespace rdmacc

@@ -63,6 +63,8 @@ struct Engine::Impl final : TransportSink, Steppable {
   std::vector<FailedCompletion> failedCompletions;
   Clock::time_point lastConnectionCheck{};
   Clock::time_point nextProbe{};
+  std::vector<int> awaitedScratch;  // keep-alive: no allocation per round
+  std::vector<bool> probedScratch;
 
   std::deque<std::unique_ptr<Active>> collectives;    // the front one runs
   std::vector<std::unique_ptr<Active>> pointToPoint;  // in submission order
@@ -244,13 +246,18 @@ struct Engine::Impl final : TransportSink, Steppable {
     if (now < nextProbe) return;
     if (nextProbe == Clock::time_point{}) {  // the first call: nothing waited yet
       nextProbe = now + options.keepalive;
+      // a step's receives and sends, with room to spare
+      awaitedScratch.reserve(4 * static_cast<size_t>(size) + 16);
+      probedScratch.assign(static_cast<size_t>(size), false);
       return;
     }
     nextProbe = now + options.keepalive;
-    std::vector<bool> probed(static_cast<size_t>(size), false);
+    std::vector<bool>& probed = probedScratch;
+    probed.assign(static_cast<size_t>(size), false);
     auto probe = [&](const Active& a) {
       if (!a.started) return;
-      for (int peer : awaited(a, chunk)) {
+      awaitedInto(a, chunk, awaitedScratch);
+      for (int peer : awaitedScratch) {
         if (peer == rank || peer < 0 || peer >= size) continue;
         auto p = static_cast<size_t>(peer);
         if (probed[p] || dead[p] || gone[p]) continue;
