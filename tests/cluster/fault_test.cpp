@@ -1,7 +1,7 @@
 // What a rank sees of a network fault, run on the cluster bed
 // (tests/cluster/faults.sh starts it on every host and makes the fault).
 //
-//   rdmacc_cluster_fault survive|fail|fail-final SIGNAL_DIR
+//   rdmacc_cluster_fault survive|fail|fail-final|idle SIGNAL_DIR
 //
 // Every rank forms a group and runs checked 256 KiB allreduces in a loop;
 // rank 0 creates SIGNAL_DIR/ready once they run, and the scenario then makes
@@ -14,9 +14,13 @@
 //               process forms a new group with the same ranks and its
 //               allreduce is right (the next step after an elastic restart)
 //   fail-final  as fail, without the new group (a host is gone for good)
+//   idle        every rank waits in a receive nobody sends (nothing in flight):
+//               it fails within 10 s naming a rank (the keep-alive probes),
+//               not at its timeout
 // Exit status 0 when the rank saw what its mode expects.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -90,7 +94,7 @@ bool sawRestored(rdmacc::VerbsBackend& backend, const std::string& dir,
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    fmt::print(stderr, "usage: rdmacc_cluster_fault survive|fail|fail-final SIGNAL_DIR\n");
+    fmt::print(stderr, "usage: rdmacc_cluster_fault survive|fail|fail-final|idle SIGNAL_DIR\n");
     return 2;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach the launcher as they are written
@@ -146,6 +150,29 @@ int main(int argc, char** argv) {
     fmt::print("rank {} on {}: {} allreduces right through the fault, longest {} ms\n", rank, host,
                i, ms(longest));
     return after >= 10 ? 0 : 1;
+  }
+  if (mode == "idle") {
+    // A receive from the same local rank of the next host, which nobody
+    // sends: nothing is in flight, only the keep-alive probes can notice
+    // the cut before the receive's timeout (RDMACC_TIMEOUT).
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    const int perHost = local != nullptr ? std::max(1, std::atoi(local)) : 1;
+    const int from = (rank + perHost) % backend->getSize();
+    int32_t word = 0;
+    std::vector<rdmacc::Tensor> t{rdmacc::Tensor{&word, 1, rdmacc::DataType::Int32}};
+    auto start = Clock::now();
+    std::string error;
+    try {
+      backend->recv(t, from, 99)->wait();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    auto took = Clock::now() - start;
+    fmt::print("rank {} on {}: idle receive from rank {} failed after {} ms: {}\n", rank, host,
+               from, ms(took), error);
+    const bool ok = !error.empty() && error.find("rank ") != std::string::npos && took < 10s;
+    if (!ok) fmt::print("rank {} on {}: expected an error naming a rank within 10 s\n", rank, host);
+    return ok ? 0 : 1;
   }
   if (mode != "fail" && mode != "fail-final") {
     fmt::print(stderr, "unknown mode '{}'\n", mode);

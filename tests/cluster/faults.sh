@@ -7,6 +7,9 @@
 #                   op's timeout naming a rank; after the link is back the
 #                   same processes form a new group that works
 #   store host cut  the same with the link of host 0 (rank 0 and the store)
+#   idle cut        the ranks wait in receives nobody sends (nothing in
+#                   flight) when a link is cut: the keep-alive probes fail
+#                   them within 10 s, well before their timeout
 #   host lost       a whole host's VM killed: every survivor fails in time
 # Prints one line per rank and fault with the time to error
 # (tests/CMakeLists.txt: cluster.faults).
@@ -20,8 +23,8 @@ source "$(dirname "$0")/lib.sh"
 fault=$BUILD/tests/rdmacc_cluster_fault
 last=$((BED_HOSTS - 1))
 sig() { echo "$BED_CTL/signals.$1"; }
-# FAULTS: the steps to run (default all): loss flap cut store lost
-want() { [[ " ${FAULTS:-loss flap cut store lost} " == *" $1 "* ]]; }
+# FAULTS: the steps to run (default all): loss flap cut store idle lost
+want() { [[ " ${FAULTS:-loss flap cut store idle lost} " == *" $1 "* ]]; }
 await_ready() {  # DIR: until rank 0 says the allreduces run (or 120 s)
   local t=0
   until [[ -e $1/ready ]]; do
@@ -66,6 +69,17 @@ for victim in "${victims[@]}"; do
   rc=0; rxe-cluster wait $ids || rc=$?
   check "$what cut: every rank failed in time naming a rank, then a new group worked" $rc
 done
+
+if want idle; then
+s=$(sig idle); mkdir -p "$s"
+echo "=== idle cut: every rank waits in a receive nobody sends, host $last's link cut; op timeout 20 s"
+ids=$(start_job --timeout 300s -- env RDMACC_IB_RETRY_CNT=6 RDMACC_TIMEOUT=20s "$fault" idle "$s")
+if await_ready "$s"; then
+  sleep 1; rxe-cluster link "$last" down; sleep 12; rxe-cluster link "$last" up
+fi
+rc=0; rxe-cluster wait $ids || rc=$?
+check "idle ranks learn of the cut from the keep-alive within 10 s, naming a rank" $rc
+fi
 
 if want lost; then
 s=$(sig lost); mkdir -p "$s"
