@@ -4,6 +4,7 @@
 // shadow the system's that librdmacc is built with.
 
 #include <ATen/core/ivalue.h>
+#include <pybind11/pybind11.h>
 
 #include <exception>
 #include <utility>
@@ -244,7 +245,52 @@ BackendRdmacc::BackendRdmacc(const c10::intrusive_ptr<c10d::Store>& store, int r
   init();
 }
 
-BackendRdmacc::~BackendRdmacc() = default;
+// The progress thread may need the GIL while we join it: dropping its last
+// reference to a tensor that Python also knew decrefs the Python object.
+// A BackendRdmacc dies wherever its last reference goes, e.g. in a DDP
+// Reducer deallocated by Python with the GIL held; joining the thread then
+// would wait for a GIL this thread holds (the deadlock torch fixed for its
+// own groups by releasing the GIL in their Python holders). So: let go of
+// it while the core (and its thread) is destroyed.
+void BackendRdmacc::destroyCore() noexcept {
+  std::shared_ptr<rdmacc::VerbsBackend> core;
+  {
+    std::lock_guard lock(coreMutex_);
+    core = std::move(backend_);
+  }
+  if (core == nullptr) return;
+  if (Py_IsInitialized() != 0 && PyGILState_Check() != 0) {
+    pybind11::gil_scoped_release release;
+    core.reset();
+  } else {
+    core.reset();
+  }
+}
+
+rdmacc::VerbsBackend& BackendRdmacc::core() const {
+  // Read without the lock: c10d does not call shutdown() concurrently with
+  // operations on the same group (destroy_process_group comes last).
+  rdmacc::VerbsBackend* core = backend_.get();
+  TORCH_CHECK(core != nullptr, "rdmacc: the process group was shut down (",
+              "destroy_process_group, shutdown or abort); create a new one");
+  return *core;
+}
+
+BackendRdmacc::~BackendRdmacc() {
+  destroyCore();
+}
+
+#if RDMACC_TORCH_BACKEND_API
+// destroy_process_group calls shutdown() on every backend: the group's
+// operations still in flight fail with ErrorKind::Aborted, its connections
+// and threads are gone, and later calls raise a clear error.
+void BackendRdmacc::shutdown() {
+  destroyCore();
+}
+void BackendRdmacc::abort() {
+  destroyCore();
+}
+#endif
 
 c10::intrusive_ptr<BackendBase> BackendRdmacc::create(
     const c10d::DistributedBackendOptions& options) {
@@ -260,7 +306,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::broadcast(std::vector<at::Tensor>&
   auto in = views(tensors, "broadcast");
   rdmacc::BroadcastOptions o{
       .rootRank = opts.rootRank, .rootTensor = opts.rootTensor, .timeout = opts.timeout};
-  return wrap(backend_->broadcast(in, o), rank_, OpType::BROADCAST, tensors);
+  return wrap(core().broadcast(in, o), rank_, OpType::BROADCAST, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRdmacc::allreduce(std::vector<at::Tensor>& tensors,
@@ -271,7 +317,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::allreduce(std::vector<at::Tensor>&
   auto in = views(tensors, "allreduce");
   rdmacc::AllreduceOptions o{.timeout = opts.timeout};
   o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
-  return wrap(backend_->allreduce(in, o), rank_, OpType::ALLREDUCE, tensors);
+  return wrap(core().allreduce(in, o), rank_, OpType::ALLREDUCE, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRdmacc::allreduce_coalesced(
@@ -280,7 +326,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::allreduce_coalesced(
   rdmacc::AllreduceCoalescedOptions o;
   o.timeout = opts.timeout;
   o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
-  return wrap(backend_->allreduce_coalesced(in, o), rank_, OpType::ALLREDUCE_COALESCED, tensors);
+  return wrap(core().allreduce_coalesced(in, o), rank_, OpType::ALLREDUCE_COALESCED, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRdmacc::reduce(std::vector<at::Tensor>& tensors,
@@ -289,7 +335,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::reduce(std::vector<at::Tensor>& te
   rdmacc::ReduceOptions o{
       .rootRank = opts.rootRank, .rootTensor = opts.rootTensor, .timeout = opts.timeout};
   o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
-  return wrap(backend_->reduce(in, o), rank_, OpType::REDUCE, tensors);
+  return wrap(core().reduce(in, o), rank_, OpType::REDUCE, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRdmacc::allgather(
@@ -297,7 +343,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::allgather(
     const c10d::AllgatherOptions& opts) {
   auto out = views(outputTensors, "allgather");
   auto in = views(inputTensors, "allgather");
-  auto w = backend_->allgather(out, in, rdmacc::AllgatherOptions{.timeout = opts.timeout});
+  auto w = core().allgather(out, in, rdmacc::AllgatherOptions{.timeout = opts.timeout});
   return wrap(std::move(w), rank_, OpType::ALLGATHER, flatten(outputTensors), inputTensors);
 }
 
@@ -306,7 +352,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::_allgather_base(at::Tensor& output
                                                               const c10d::AllgatherOptions& opts) {
   auto out = view(outputBuffer, "_allgather_base");
   auto in = view(inputBuffer, "_allgather_base");
-  auto w = backend_->_allgather_base(out, in, rdmacc::AllgatherOptions{.timeout = opts.timeout});
+  auto w = core()._allgather_base(out, in, rdmacc::AllgatherOptions{.timeout = opts.timeout});
   return wrap(std::move(w), rank_, OpType::_ALLGATHER_BASE, {outputBuffer}, {inputBuffer});
 }
 
@@ -315,8 +361,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::allgather_coalesced(
     const c10d::AllgatherOptions& opts) {
   auto out = views(outputTensorLists, "allgather_coalesced");
   auto in = views(inputTensors, "allgather_coalesced");
-  auto w =
-      backend_->allgather_coalesced(out, in, rdmacc::AllgatherOptions{.timeout = opts.timeout});
+  auto w = core().allgather_coalesced(out, in, rdmacc::AllgatherOptions{.timeout = opts.timeout});
   return wrap(std::move(w), rank_, OpType::ALLGATHER_COALESCED, flatten(outputTensorLists),
               inputTensors);
 }
@@ -326,8 +371,8 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::gather(
     const c10d::GatherOptions& opts) {
   auto out = views(outputTensors, "gather");
   auto in = views(inputTensors, "gather");
-  auto w = backend_->gather(
-      out, in, rdmacc::GatherOptions{.rootRank = opts.rootRank, .timeout = opts.timeout});
+  auto w = core().gather(out, in,
+                         rdmacc::GatherOptions{.rootRank = opts.rootRank, .timeout = opts.timeout});
   return wrap(std::move(w), rank_, OpType::GATHER, flatten(outputTensors), inputTensors);
 }
 
@@ -336,7 +381,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::scatter(
     const c10d::ScatterOptions& opts) {
   auto out = views(outputTensors, "scatter");
   auto in = views(inputTensors, "scatter");
-  auto w = backend_->scatter(
+  auto w = core().scatter(
       out, in, rdmacc::ScatterOptions{.rootRank = opts.rootRank, .timeout = opts.timeout});
   return wrap(std::move(w), rank_, OpType::SCATTER, outputTensors, flatten(inputTensors));
 }
@@ -348,7 +393,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::reduce_scatter(
   auto in = views(inputTensors, "reduce_scatter");
   rdmacc::ReduceScatterOptions o{.timeout = opts.timeout};
   o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
-  return wrap(backend_->reduce_scatter(out, in, o), rank_, OpType::REDUCE_SCATTER, outputTensors,
+  return wrap(core().reduce_scatter(out, in, o), rank_, OpType::REDUCE_SCATTER, outputTensors,
               flatten(inputTensors));
 }
 
@@ -358,7 +403,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::_reduce_scatter_base(
   auto in = view(inputBuffer, "_reduce_scatter_base");
   rdmacc::ReduceScatterOptions o{.timeout = opts.timeout};
   o.reduceOp = toReduceOp(opts.reduceOp, &o.preMulFactor);
-  return wrap(backend_->_reduce_scatter_base(out, in, o), rank_, OpType::_REDUCE_SCATTER_BASE,
+  return wrap(core()._reduce_scatter_base(out, in, o), rank_, OpType::_REDUCE_SCATTER_BASE,
               {outputBuffer}, {inputBuffer});
 }
 
@@ -371,8 +416,8 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::alltoall_base(at::Tensor& outputBu
   auto in = view(inputBuffer, "alltoall_base");
   auto outSplits = splitElements(outputSplitSizes, outputBuffer, size_, "output");
   auto inSplits = splitElements(inputSplitSizes, inputBuffer, size_, "input");
-  auto w = backend_->alltoall_base(out, in, outSplits, inSplits,
-                                   rdmacc::AllToAllOptions{.timeout = opts.timeout});
+  auto w = core().alltoall_base(out, in, outSplits, inSplits,
+                                rdmacc::AllToAllOptions{.timeout = opts.timeout});
   return wrap(std::move(w), rank_, OpType::ALLTOALL_BASE, {outputBuffer}, {inputBuffer});
 }
 
@@ -381,52 +426,52 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::alltoall(std::vector<at::Tensor>& 
                                                        const c10d::AllToAllOptions& opts) {
   auto out = views(outputTensors, "alltoall");
   auto in = views(inputTensors, "alltoall");
-  auto w = backend_->alltoall(out, in, rdmacc::AllToAllOptions{.timeout = opts.timeout});
+  auto w = core().alltoall(out, in, rdmacc::AllToAllOptions{.timeout = opts.timeout});
   return wrap(std::move(w), rank_, OpType::ALLTOALL, outputTensors, inputTensors);
 }
 
 void BackendRdmacc::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
-  backend_->monitoredBarrier(rdmacc::BarrierOptions{.timeout = opts.timeout}, waitAllRanks);
+  core().monitoredBarrier(rdmacc::BarrierOptions{.timeout = opts.timeout}, waitAllRanks);
 }
 
 void BackendRdmacc::setSequenceNumberForGroup() {
-  backend_->setSequenceNumberForGroup();
+  core().setSequenceNumberForGroup();
 }
 
 void BackendRdmacc::registerTensor(const at::Tensor& tensor) {
   rdmacc::Tensor t = view(tensor, "register_memory");
-  backend_->registerMemory(t.data, t.bytes());
+  core().registerMemory(t.data, t.bytes());
 }
 
 void BackendRdmacc::deregisterTensor(const at::Tensor& tensor) {
   rdmacc::Tensor t = view(tensor, "deregister_memory");
-  backend_->deregisterMemory(t.data);
+  core().deregisterMemory(t.data);
 }
 
 uint64_t BackendRdmacc::getSequenceNumberForGroup() {
-  return backend_->getSequenceNumberForGroup();
+  return core().getSequenceNumberForGroup();
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRdmacc::send(std::vector<at::Tensor>& tensors, int dstRank,
                                                    int tag) {
   auto in = views(tensors, "send");
-  return wrap(backend_->send(in, dstRank, tag), rank_, OpType::SEND, {}, tensors);
+  return wrap(core().send(in, dstRank, tag), rank_, OpType::SEND, {}, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRdmacc::recv(std::vector<at::Tensor>& tensors, int srcRank,
                                                    int tag) {
   auto out = views(tensors, "recv");
-  return wrap(backend_->recv(out, srcRank, tag), rank_, OpType::RECV, tensors);
+  return wrap(core().recv(out, srcRank, tag), rank_, OpType::RECV, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRdmacc::recvAnysource(std::vector<at::Tensor>& tensors,
                                                             int tag) {
   auto out = views(tensors, "recvAnysource");
-  return wrap(backend_->recvAnysource(out, tag), rank_, OpType::RECVANYSOURCE, tensors);
+  return wrap(core().recvAnysource(out, tag), rank_, OpType::RECVANYSOURCE, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRdmacc::barrier(const c10d::BarrierOptions& opts) {
-  return wrap(backend_->barrier(rdmacc::BarrierOptions{.timeout = opts.timeout}), rank_,
+  return wrap(core().barrier(rdmacc::BarrierOptions{.timeout = opts.timeout}), rank_,
               OpType::BARRIER, {});
 }
 

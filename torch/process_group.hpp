@@ -117,7 +117,19 @@ class BackendRdmacc final : public BackendBase {
   void registerTensor(const at::Tensor& tensor);
   void deregisterTensor(const at::Tensor& tensor);
 
+#if RDMACC_TORCH_BACKEND_API
+  // Both end the group here (pending operations fail with Aborted, the
+  // connections close); later calls raise "shut down". abort() does not
+  // wait for peers either: rdmacc has no collective teardown.
+  void shutdown() override;
+  void abort() override;
+#endif
+
  private:
+  // The core, or a c10::Error once shut down.
+  rdmacc::VerbsBackend& core() const;
+  // Destroys the core (joins its progress thread) without holding the GIL.
+  void destroyCore() noexcept;
   // Every operation's c10d Work: also recorded in the open collections
   // (coalescing, *_tensor_coalesced) so that they can be combined.
   c10::intrusive_ptr<c10d::Work> wrap(std::shared_ptr<rdmacc::Work> work, int rank,
@@ -135,6 +147,7 @@ class BackendRdmacc final : public BackendBase {
   template <typename F>
   c10::intrusive_ptr<c10d::Work> collected(F&& issue);
 
+  std::mutex coreMutex_;  // serialises destroyCore()
   std::shared_ptr<rdmacc::VerbsBackend> backend_;
   std::mutex collectMutex_;
   std::vector<std::vector<Member>> collections_;  // open ones, innermost last

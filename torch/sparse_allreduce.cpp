@@ -26,7 +26,7 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::allreduceSparse(at::Tensor& tensor
   const rdmacc::AllgatherOptions gather{.timeout = opts.timeout};
   auto allgather = [&](const at::Tensor& out, const at::Tensor& in) {
     rdmacc::Tensor o = view(out, "allreduce (sparse)"), i = view(in, "allreduce (sparse)");
-    backend_->_allgather_base(o, i, gather)->wait();
+    core()._allgather_base(o, i, gather)->wait();
   };
   // Every rank's count of entries.
   const at::Tensor counts = at::empty({n}, at::kLong);

@@ -466,6 +466,19 @@ def registered(gloo):
             fail(f"deregistering twice: unclear message: {e}")
 
 
+def after_shutdown(pg):
+    """destroy_process_group shut the backend down (its connections and
+    thread are gone): using it afterwards raises a clear error."""
+    global checks
+    checks += 1
+    try:
+        pg.allreduce([torch.ones(4)]).wait()
+        fail("allreduce on a backend shut down by destroy_process_group did not raise")
+    except RuntimeError as e:
+        if "shut down" not in str(e):
+            fail(f"allreduce after shutdown: unclear message: {e}")
+
+
 def main():
     # the underscore and *_coalesced forms warn that they will be renamed
     warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
@@ -488,8 +501,11 @@ def main():
     if rank in sub:
         suite(sub_rdmacc, sub_gloo, sub, [torch.float32, torch.int64, torch.bfloat16], SIZES[:1])
     dist.barrier()
-    print(f"rank {rank}: {checks} checks, {len(failures)} mismatches", flush=True)
+    pg = rdmacc_torch.backend_of()
     dist.destroy_process_group()
+    if rdmacc_torch.BACKEND_API:
+        after_shutdown(pg)
+    print(f"rank {rank}: {checks} checks, {len(failures)} mismatches", flush=True)
     return 1 if failures else 0
 
 

@@ -51,6 +51,14 @@ def main():
           f"{all(torch.equal(o, on_rdmacc) for o in everyone)}, max |rdmacc - gloo| = "
           f"{(on_rdmacc - on_gloo).abs().max().item():.3g}, moved from init by {moved:.3g}",
           flush=True)
+    # The DDP models hold their groups (through their Reducers). Dropping
+    # them first leaves the last reference to the gloo group with Python's
+    # holder, which releases the GIL while ~ProcessGroupGloo joins its
+    # threads; a Reducer dropped after destroy_process_group would destroy
+    # the group with the GIL held, and gloo's worker thread, freeing the last
+    # all_gather's tensors, waits for the GIL: a hang in torch itself (1 run
+    # in ~10 here before this order).
+    del rdmacc_model, gloo_model
     dist.destroy_process_group()
     return 0 if ok else 1
 
