@@ -134,7 +134,7 @@ GroupEnvironment groupFromEnvironment(const Config& config) {
   g.launcher = found->launcher;
   g.size = envInt(found->size, 1, 1 << 20);
   g.rank = envInt(found->rank, 0, g.size - 1);
-  g.localRank = env(found->localRank) ? envInt(found->localRank, 0, 1 << 20) : g.rank;
+  g.localRank = localRankFromEnvironment();  // one definition (0 when unset), as the NIC choice
   auto timeout = config.getDuration("RDMACC_STORE_TIMEOUT");
   if (g.size == 1 && env("MASTER_ADDR") == nullptr) {
     g.store = std::make_shared<HashStore>(timeout);

@@ -135,7 +135,8 @@ std::string isoNow() {
 // the settings that differ from the defaults), and per size the mean time
 // and the fastest and slowest rank's (as OSU's -f). `wrong` is null when
 // nothing was checked.
-void writeJson(const Args& args, int ranks, const std::vector<Row>& rows, double avgBusbw) {
+void writeJson(const Args& args, int ranks, const Formation& formation,
+               const std::vector<Row>& rows, double avgBusbw) {
   using nlohmann::json;
   json config = json::object();
   const Config loaded = Config::load();
@@ -151,6 +152,8 @@ void writeJson(const Args& args, int ranks, const std::vector<Row>& rows, double
               {"finished", isoNow()},
               {"collective", args.collective},
               {"ranks", ranks},
+              {"formation_ms", formation.milliseconds},
+              {"resident_mib", formation.residentMiB},
               {"dtype", toString(args.dtype)},
               {"op", toString(args.op)},
               {"root", args.root},

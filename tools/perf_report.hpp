@@ -52,6 +52,13 @@ void appendCsv(const std::string& path, const Args& args, int ranks, const std::
 // for a file that is not an rdmacc-perf CSV.
 void plotCsv(const std::string& csvPath, const std::string& png);
 std::string isoNow();  // ISO 8601 UTC, seconds
-void writeJson(const Args& args, int ranks, const std::vector<Row>& rows, double avgBusbw);
+// How forming the group went: the slowest rank's time, the largest rank's
+// resident memory right after.
+struct Formation {
+  double milliseconds = 0;
+  double residentMiB = 0;
+};
+void writeJson(const Args& args, int ranks, const Formation& formation,
+               const std::vector<Row>& rows, double avgBusbw);
 
 }  // namespace rdmacc::perf

@@ -12,7 +12,7 @@ namespace rdmacc {
 struct GroupEnvironment {
   int rank = 0;
   int size = 1;
-  int localRank = 0;
+  int localRank = 0;  // localRankFromEnvironment()
   std::string launcher;  // "torchrun/rdmacc-run", "mpirun", "srun" or "single process"
   std::shared_ptr<Store> store;
 };
