@@ -73,7 +73,8 @@ struct Mesh::Setup {
   }
   std::vector<Connection*> connectionView;
 
-  int needed() const { return (mesh.size_ - 1) * mesh.qpsPerPeer_; }
+  int needed() const { return mesh.connectedPeers() * mesh.qpsPerPeer_; }
+  bool skipped(int peer) const { return mesh.skip_[static_cast<size_t>(peer)]; }
 
   handshake::Hello hello(int peer, int q) const {
     return handshake::Hello{.qpIndex = static_cast<uint16_t>(q),
@@ -125,7 +126,7 @@ struct Mesh::Setup {
   void lookUpAddresses() {
     for (int peer = 0; peer < mesh.rank_; ++peer) {
       auto& a = addresses[static_cast<size_t>(peer)];
-      if (a) continue;
+      if (a || skipped(peer)) continue;
       std::string key = fmt::format("addr/{}", peer);
       if (!store.check({key})) continue;
       std::string text = toString(store.get(key));
@@ -160,7 +161,9 @@ struct Mesh::Setup {
                                              .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
                                              .minPeer = static_cast<uint32_t>(mesh.rank_ + 1),
                                              .maxPeer = static_cast<uint32_t>(mesh.size_ - 1)});
-      if (!reason && slot(static_cast<int>(theirs->rank), theirs->qpIndex) != nullptr) {
+      if (!reason && skipped(static_cast<int>(theirs->rank))) {
+        reason = handshake::RejectReason::WrongTarget;  // we reach it through shared memory
+      } else if (!reason && slot(static_cast<int>(theirs->rank), theirs->qpIndex) != nullptr) {
         reason = handshake::RejectReason::Duplicate;
       }
     }
@@ -352,7 +355,7 @@ struct Mesh::Setup {
   Missing missing() {
     std::vector<int> absent, unconnected;
     for (int peer = 0; peer < mesh.size_; ++peer) {
-      if (peer == mesh.rank_) continue;
+      if (peer == mesh.rank_ || skipped(peer)) continue;
       bool done = true;
       for (int q = 0; q < mesh.qpsPerPeer_; ++q) done = done && slot(peer, q) != nullptr;
       if (done) continue;
@@ -424,6 +427,13 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
                 fmt::format("rank {} is not in a group of size {}", rank, size),
                 "RANK must be in [0, WORLD_SIZE)");
   }
+  skip_ = options.skip.empty() ? std::vector<bool>(static_cast<size_t>(size), false)
+                               : std::move(options.skip);
+  if (skip_.size() != static_cast<size_t>(size)) {
+    throw Error(ErrorKind::Internal, fmt::format("MeshOptions::skip has {} entries for a group "
+                                                 "of {}",
+                                                 skip_.size(), size));
+  }
   PrefixStore groupStore("rdmacc/mesh/" + options.group,
                          std::shared_ptr<Store>(&store, [](Store*) {}));
   auto connectTimeout = config.getDuration("RDMACC_CONNECT_TIMEOUT");
@@ -452,7 +462,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
         endpoint_.port, endpoint_.ipv4, endpoint_.gidIndex);
     context_ = verbs::openDevice(endpoint_.device);
     pd_ = verbs::allocatePd(context_.get());
-    int peers = std::max(size - 1, 1) * qpsPerPeer_;
+    int peers = std::max(connectedPeers(), 1) * qpsPerPeer_;
     cq_ = std::make_unique<verbs::CompletionQueue>(
         context_.get(),
         static_cast<int>(static_cast<uint32_t>(peers) * (params_.sendDepth + params_.recvDepth)));
@@ -496,7 +506,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
                     static_cast<size_t>(size))};
     setup.connectionView.assign(connections_.size(), nullptr);
     setup.run();
-    log(LogLevel::Info, "rank {}: connected to all {} peers", rank, size - 1);
+    log(LogLevel::Info, "rank {}: connected to all {} RDMA peers", rank, connectedPeers());
   } catch (const Error& e) {
     // Tell the others now rather than let them wait for their timeout.
     try {
@@ -510,6 +520,12 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
 }
 
 Mesh::~Mesh() = default;
+
+int Mesh::connectedPeers() const noexcept {
+  int n = 0;
+  for (int peer = 0; peer < size_; ++peer) n += peer != rank_ && !skip_[static_cast<size_t>(peer)];
+  return n;
+}
 
 ibv_qp* Mesh::qp(int peer, int index) const {
   const auto& c = connections_.at(static_cast<size_t>(peer * qpsPerPeer_ + index));

@@ -19,6 +19,9 @@ namespace rdmacc {
 
 struct MeshOptions {
   std::string group = "default";  // store namespace: one mesh per group name
+  // Peers this mesh does not connect (reached through shared memory): empty,
+  // or one entry per rank. Both sides of a pair must agree (sameHost does).
+  std::vector<bool> skip;
 };
 
 // Built and destroyed by one thread. Afterwards the QPs, PD and CQ may be
@@ -35,6 +38,9 @@ class Mesh {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   int qpsPerPeer() const noexcept { return qpsPerPeer_; }
+  // Whether this mesh connects to peer (MeshOptions::skip), and to how many.
+  bool connects(int peer) const { return peer != rank_ && !skip_.at(static_cast<size_t>(peer)); }
+  int connectedPeers() const noexcept;
   const Endpoint& endpoint() const noexcept { return endpoint_; }
   ibv_context* context() const noexcept { return context_.get(); }
   ibv_pd* pd() const noexcept { return pd_.get(); }
@@ -65,6 +71,7 @@ class Mesh {
   std::unique_ptr<verbs::CompletionQueue> cq_;
   std::unique_ptr<verbs::EventChannel> events_;  // before the ids created on it
   verbs::CmIdPtr listenId_;
+  std::vector<bool> skip_;                                // MeshOptions::skip, one entry per rank
   std::vector<std::unique_ptr<Connection>> connections_;  // [peer * qpsPerPeer + index]
   std::vector<std::string> peerAddresses_;
 };

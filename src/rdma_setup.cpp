@@ -103,6 +103,8 @@ void RdmaTransport::connect(Store& store, const std::string& groupName) {
           .peerRank = rank,
           .hint = "set RDMACC_SLOTS_PER_PEER and RDMACC_SLOT_BYTES the same on every rank"});
     }
+    // Peers reached through shared memory have no queue pairs (no lanes).
+    if (!mesh_.connects(rank)) continue;
     PeerState& p = peer(rank);
     p.lanes.resize(static_cast<size_t>(mesh_.qpsPerPeer()));
     for (size_t i = 0; i < p.lanes.size(); ++i) {

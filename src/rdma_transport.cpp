@@ -163,7 +163,10 @@ bool RdmaTransport::flushCredits(int to) {
 bool RdmaTransport::flushCredits() {
   bool any = false;
   for (int rank = 0; rank < size_; ++rank) {
-    if (rank != rank_ && peer(rank).window.peerMayStall()) any |= flushCredits(rank);
+    // (peers without lanes are reached through shared memory)
+    if (rank != rank_ && !peer(rank).lanes.empty() && peer(rank).window.peerMayStall()) {
+      any |= flushCredits(rank);
+    }
   }
   return any;
 }

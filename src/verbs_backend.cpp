@@ -108,7 +108,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   }
   if (!remote.empty() || transport == "rdma") {
     s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config,
-                                    MeshOptions{.group = options.groupName});
+                                    MeshOptions{.group = options.groupName, .skip = shm});
   }
   logStartup(s.config, rank, size, s.group, s.mesh.get(),
              static_cast<size_t>(std::count(shm.begin(), shm.end(), true)), remote.size());

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""The tables (Markdown) of tools/benchmark-cluster from its rdmacc-perf
+--json files, and with --plot PNG busbw against message size per loss rate.
+
+    cluster_report.py DIR [--plot PNG]
+
+A value is the range over the rounds (min-max), or one number for one
+round; a run that failed (no JSON) shows as "failed".
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+LOSS = [("0", "none"), ("0.1", "0.1 %"), ("1", "1 %"), ("5", "5 %"),
+        ("1r", "1 % + reordering (25 %, 1 ms delay)")]
+
+
+def load(directory, pattern):
+    """{(key groups...): [doc per round]} for files matching pattern (regex
+    on the name, the last group being the round)."""
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        m = re.fullmatch(pattern, os.path.basename(path))
+        if not m:
+            continue
+        with open(path) as f:
+            runs.setdefault(m.groups()[:-1], []).append(json.load(f))
+    return runs
+
+
+def row(doc, index):
+    """The row of the index-th size of the sweep (-1: the largest): its
+    out-of-place row, or the in-place one where there is none (allreduce)."""
+    sizes = sorted({r["size"] for r in doc["rows"]})
+    if not sizes or index >= len(sizes):
+        return None
+    rows = [r for r in doc["rows"] if r["size"] == sizes[index]]
+    return next((r for r in rows if not r["in_place"]), rows[0])
+
+
+def size_labels(runs):
+    """The sizes of the sweep, from any run (nominal: rounded to KiB/MiB, as
+    a split over 3 ranks rounds them down)."""
+    for docs in runs.values():
+        for d in docs:
+            return [human(s) for s in sorted({r["size"] for r in d["rows"]})]
+    return []
+
+
+def span(values, fmt):
+    if not values:
+        return "failed"
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def wrong(docs):
+    total = sum(r["wrong"] or 0 for d in docs for r in d["rows"])
+    return "0" if total == 0 else f"**{total}**"
+
+
+def human(size):
+    if size >= 1000000:
+        return f"{round(size / 1048576)} MiB"
+    return f"{round(size / 1024)} KiB" if size >= 1000 else f"{size} B"
+
+
+def loss_table(directory, rounds):
+    runs = load(directory, r"loss-(.+)-(allreduce|allgather)-r(\d+)\.json")
+    if not runs:
+        return ""
+    labels = size_labels(runs)
+    small, big = labels[0], labels[-1]
+    out = [f"### Bus bandwidth against packet loss (3 hosts x 1 rank, {rounds} round(s))", "",
+           "tc netem on host 2's link (egress); rdmacc-perf with every element checked. "
+           "busbw in GB/s, time in us; ratio: busbw at "
+           f"{big} over the no-loss runs' (medians).", "",
+           f"| loss on host 2's link | allreduce {small} time | allreduce {big} busbw "
+           f"| allgather {big} busbw | ratio allreduce / allgather | wrong elements |",
+           "|---|---|---|---|---|---|"]
+
+    def med(values):
+        values = sorted(values)
+        return values[len(values) // 2] if values else None
+
+    def busbw(name, coll):
+        return [row(d, -1)["busbw_gbs"] for d in runs.get((name, coll), []) if row(d, -1)]
+
+    base = {c: med(busbw("0", c)) for c in ("allreduce", "allgather")}
+    for name, label in LOSS:
+        ar, ag = busbw(name, "allreduce"), busbw(name, "allgather")
+        small_t = [row(d, 0)["time_us"] for d in runs.get((name, "allreduce"), []) if row(d, 0)]
+        ratios = []
+        for c, values in (("allreduce", ar), ("allgather", ag)):
+            ratios.append(f"{med(values) / base[c]:.2f}" if values and base[c] else "-")
+        docs = runs.get((name, "allreduce"), []) + runs.get((name, "allgather"), [])
+        out.append(f"| {label} | {span(small_t, '{:.0f}')} | {span(ar, '{:.3f}')} | "
+                   f"{span(ag, '{:.3f}')} | {' / '.join(ratios)} | {wrong(docs) if docs else 'failed'} |")
+    return "\n".join(out) + "\n"
+
+
+def rails_table(directory, rounds):
+    runs = load(directory, r"rails-(\d)-(allreduce|alltoall)-r(\d+)\.json")
+    if not runs:
+        return ""
+    labels = size_labels(runs)
+    out = [f"### One NIC or two per host (2 hosts x 2 ranks, {rounds} round(s))", "",
+           "Both local ranks on rail 0 (`RDMACC_IB_HCA=rxe0`) or spread over two "
+           "(`RDMACC_IB_HCA=rxe0,rxe1`, local rank r on rail r); shared memory inside "
+           "a host. busbw in GB/s.", "",
+           "| rails | " + " | ".join(f"{c} {s}" for c in ("allreduce", "alltoall") for s in labels)
+           + " | wrong elements |",
+           "|---|" + "---|" * (2 * len(labels)) + "---|"]
+    for rails in ("1", "2"):
+        cells = []
+        docs_all = []
+        for c in ("allreduce", "alltoall"):
+            docs = runs.get((rails, c), [])
+            docs_all += docs
+            for i in range(len(labels)):
+                cells.append(span([row(d, i)["busbw_gbs"] for d in docs if row(d, i)], "{:.3f}"))
+        out.append(f"| {rails} | " + " | ".join(cells) + f" | {wrong(docs_all) if docs_all else 'failed'} |")
+    return "\n".join(out) + "\n"
+
+
+def formation_table(directory, rounds):
+    runs = load(directory, r"formation-(\d+)-(auto|rdma)-r(\d+)\.json")
+    if not runs:
+        return ""
+    counts = sorted({int(k[0]) for k in runs})
+    out = [f"### Group formation (2 hosts, {rounds} round(s))", "",
+           "From the first call to a working group (the slowest rank), and the "
+           "largest rank's resident memory right after: ranks of a host through "
+           "shared memory and RDMA between hosts (`auto`), or every pair over RDMA "
+           "(`rdma`: one rdma_cm connection and queue pairs per pair).", "",
+           "| ranks | auto: time (ms) | auto: memory (MiB) | rdma: time (ms) | rdma: memory (MiB) |",
+           "|---|---|---|---|---|"]
+    for n in counts:
+        cells = []
+        for t in ("auto", "rdma"):
+            docs = runs.get((str(n), t), [])
+            cells.append(span([d["formation_ms"] for d in docs], "{:.0f}"))
+            cells.append(span([d["resident_mib"] for d in docs], "{:.1f}"))
+        out.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def plot(directory, png):
+    runs = load(directory, r"loss-(.+)-(allreduce|allgather)-r(\d+)\.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        panels = []
+        for coll in ("allreduce", "allgather"):
+            series = []
+            for name, label in LOSS:
+                docs = runs.get((name, coll))
+                if not docs:
+                    continue
+                data = os.path.join(tmp, f"{coll}-{name}.dat")
+                with open(data, "w") as f:  # the latest round
+                    for i in range(len({r["size"] for r in docs[-1]["rows"]})):
+                        r = row(docs[-1], i)
+                        f.write(f"{r['size']} {r['busbw_gbs']}\n")
+                series.append(f"'{data}' using 1:2 with linespoints title 'loss {label}'")
+            panels.append((coll, series))
+        script = os.path.join(tmp, "plot.gp")
+        with open(script, "w") as f:
+            f.write(f"set terminal pngcairo size 1200,450\nset output '{png}'\n"
+                    "set multiplot layout 1,2 title 'rdmacc across 3 soft-RoCE hosts: busbw against loss on one link'\n"
+                    "set logscale x 2\nset format x '%.0s%cB'\nset xlabel 'message size (bytes)'\nset ylabel 'busbw (GB/s)'\n"
+                    "set key top left\nset grid\n")
+            for coll, series in panels:
+                if series:
+                    f.write(f"set title '{coll}'\nplot {', '.join(series)}\n")
+            f.write("unset multiplot\n")
+        subprocess.run(["gnuplot", script], check=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("directory")
+    p.add_argument("--plot", help="draw busbw against size per loss rate into this PNG")
+    a = p.parse_args()
+    rounds = max((int(m.group(1)) for path in glob.glob(os.path.join(a.directory, "*-r*.json"))
+                  if (m := re.search(r"-r(\d+)\.json$", path))), default=0)
+    print("\n".join(t for t in (loss_table(a.directory, rounds), rails_table(a.directory, rounds),
+                                formation_table(a.directory, rounds)) if t))
+    if a.plot:
+        plot(a.directory, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
