@@ -95,6 +95,10 @@ constexpr std::array kOptions = {
     "the launcher hosts the TCP store at MASTER_ADDR:MASTER_PORT (rdmacc-run sets it); else rank 0 hosts it", 0, 0},
   OptionSpec{"RDMACC_STORE_PORT", Int, "0", "",
     "port of the launcher's store when RDMACC_AGENT_STORE=1; 0: MASTER_PORT (rdmacc-run sets it, leaving MASTER_PORT to torch.distributed)", 0, 65535},
+  OptionSpec{"RDMACC_AUTH_KEY", String, "", "",
+    "shared secret of the job: store clients must prove they hold it (challenge-response, HMAC-SHA256) and the rdma_cm group token is derived from it; empty: no authentication (see docs/security.md)", 0, 0, true},
+  OptionSpec{"RDMACC_AUTH_KEY_FILE", String, "", "",
+    "file holding the shared secret instead (mode 600; one line), so that the key is not in every process's environment", 0, 0},
   OptionSpec{"RDMACC_LOG_LEVEL", String, "warn", "",
     "log level: trace, debug, info, warn, error or off", 0, 0},
   OptionSpec{"RDMACC_LOG_FILE", String, "", "",
@@ -382,11 +386,17 @@ const std::string& Config::raw(std::string_view name) const {
   return it->second.text;
 }
 
+std::string Config::shown(std::string_view name) const {
+  const std::string& value = raw(name);
+  const OptionSpec* spec = findOption(name);
+  return spec != nullptr && spec->secret && !value.empty() ? "(set)" : value;
+}
+
 std::vector<std::string> Config::nonDefault() const {
   std::vector<std::string> out;
   for (const auto& spec : optionTable()) {
     if (source(spec.name) != ValueSource::Default) {
-      out.push_back(fmt::format("{}={}", spec.name, raw(spec.name)));
+      out.push_back(fmt::format("{}={}", spec.name, shown(spec.name)));
     }
   }
   return out;

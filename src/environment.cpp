@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
+#include "src/auth.hpp"
 
 namespace rdmacc {
 namespace {
@@ -111,6 +112,10 @@ const Scheme* launcherScheme() {
 
 }  // namespace
 
+std::string authKey(const Config& config) {
+  return auth::loadKey(config);
+}
+
 int localRankFromEnvironment() {
   const Scheme* s = launcherScheme();
   if (s == nullptr || env(s->localRank) == nullptr) return 0;
@@ -176,10 +181,11 @@ GroupEnvironment groupFromEnvironment(const Config& config) {
     }
     ++portNumber;
   }
-  g.store = std::make_shared<TCPStore>(
-      addr, static_cast<uint16_t>(portNumber),
-      TCPStoreOptions{
-          .isServer = g.rank == 0 && !agentHosts, .timeout = timeout, .connectTimeout = timeout});
+  g.store = std::make_shared<TCPStore>(addr, static_cast<uint16_t>(portNumber),
+                                       TCPStoreOptions{.isServer = g.rank == 0 && !agentHosts,
+                                                       .timeout = timeout,
+                                                       .connectTimeout = timeout,
+                                                       .authKey = authKey(config)});
   return g;
 }
 

@@ -9,6 +9,7 @@
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "src/auth.hpp"
 #include "src/handshake.hpp"
 #include "src/store_util.hpp"
 #include "src/wr_id.hpp"
@@ -484,8 +485,14 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     }
 
     log(LogLevel::Debug, "rank {}: rdma_cm listening on port {}", rank, port);
+    // The group token every connect request carries. With a shared secret
+    // (RDMACC_AUTH_KEY) it is derived from the key and a salt, so the store
+    // holds nothing that lets a stranger in; else rank 0 draws it.
     uint64_t token = 0;
-    if (rank == 0) {
+    if (const std::string key = auth::loadKey(config); !key.empty()) {
+      if (rank == 0) groupStore.set("token-salt", toBytes(std::to_string(randomToken())));
+      token = auth::groupToken(key, options.group, toString(groupStore.get("token-salt")));
+    } else if (rank == 0) {
       token = randomToken();
       groupStore.set("token", toBytes(std::to_string(token)));
     } else {

@@ -158,6 +158,39 @@ std::vector<uint8_t> encode(const Request& request) {
   return withLength(std::move(body));
 }
 
+std::vector<uint8_t> encode(const AuthFrame& frame) {
+  std::vector<uint8_t> body;
+  body.push_back(static_cast<uint8_t>(frame.tag));
+  body.insert(body.end(), frame.body.begin(), frame.body.end());
+  return withLength(std::move(body));
+}
+
+DecodeResult decode(const uint8_t* data, size_t size, AuthFrame& out) {
+  // The length is checked before the body arrives: a client that has not
+  // authenticated cannot make the server hold more than this.
+  DecodeResult r;
+  if (size < 4) return r;
+  const uint32_t len = getU32(data);
+  if (len == 0 || len > kMaxAuthBodyBytes + 1) {
+    r.state = Decode::Malformed;
+    r.reason = fmt::format("a frame of {} bytes where authentication was due", len);
+    return r;
+  }
+  if (size - 4 < len) return r;
+  const uint8_t* body = data + 4;
+  const uint8_t tag = body[0];
+  if (tag < static_cast<uint8_t>(AuthTag::Hello) || tag > static_cast<uint8_t>(AuthTag::Proof)) {
+    r.state = Decode::Malformed;
+    r.reason = fmt::format("a request where authentication was due (first byte {:#04x})", tag);
+    return r;
+  }
+  out.tag = static_cast<AuthTag>(tag);
+  out.body.assign(body + 1, body + len);
+  r.state = Decode::Ok;
+  r.consumed = 4 + static_cast<size_t>(len);
+  return r;
+}
+
 std::vector<uint8_t> encode(const Response& response) {
   std::vector<uint8_t> body;
   body.push_back(static_cast<uint8_t>(response.status));

@@ -40,6 +40,23 @@ struct DecodeResult {
   std::string reason;   // when Malformed
 };
 
+// Authentication (RDMACC_AUTH_KEY), before any request, all in ordinary
+// frames: the client sends Hello (its nonce), the server a Challenge (its
+// nonce and its proof: HMAC over both nonces), the client a Proof (HMAC over
+// both in the other order). A server without a key takes Hello for a
+// malformed request and closes; a client without a key sends a request,
+// which a server with one answers with an error reply and closes.
+enum class AuthTag : uint8_t { Hello = 0xA0, Challenge = 0xA1, Proof = 0xA2 };
+constexpr size_t kMaxAuthBodyBytes = 128;
+struct AuthFrame {
+  AuthTag tag = AuthTag::Hello;
+  std::vector<uint8_t> body;  // the bytes after the tag
+};
+std::vector<uint8_t> encode(const AuthFrame& frame);
+// Malformed for an unknown tag or a body over kMaxAuthBodyBytes (the sizes
+// each tag needs are the caller's to check).
+DecodeResult decode(const uint8_t* data, size_t size, AuthFrame& out);
+
 std::vector<uint8_t> encode(const Request& request);
 std::vector<uint8_t> encode(const Response& response);
 DecodeResult decode(const uint8_t* data, size_t size, Request& out);

@@ -16,6 +16,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "rdmacc/store.hpp"
+#include "src/auth.hpp"
 #include "src/socket.hpp"
 #include "src/store_protocol.hpp"
 #include "src/store_util.hpp"
@@ -58,6 +59,10 @@ size_t clientLimit() {
 // destructor writes the eventfd and joins.
 struct TCPStoreServer::State {
   struct Client {
+    // With a key, a client must authenticate before its first request.
+    enum class Auth : uint8_t { Open, AwaitHello, AwaitProof };
+    Auth auth = Auth::Open;
+    auth::Nonce clientNonce{}, serverNonce{};
     Fd fd;
     std::vector<uint8_t> in;
     std::vector<uint8_t> out;
@@ -73,6 +78,7 @@ struct TCPStoreServer::State {
   Fd wakeFd;
   Fd spareFd;  // closed to accept-and-close a client when descriptors run out
   uint16_t port = 0;
+  std::string authKey;  // RDMACC_AUTH_KEY; empty: no authentication
   size_t maxClients = clientLimit();
   size_t inputHeld = 0;  // sum of the clients' `in`
   std::map<std::string, Bytes> data;
@@ -186,13 +192,70 @@ struct TCPStoreServer::State {
     }
   }
 
+  // The challenge-response of a client that has not authenticated yet
+  // (store_protocol.hpp); consumes its frames from c.in at offset. False:
+  // drop it (told why, when it sent a request instead).
+  bool authenticate(Client& c, size_t& offset) {
+    while (c.auth != Client::Auth::Open) {
+      sp::AuthFrame f;
+      const auto r = sp::decode(c.in.data() + offset, c.in.size() - offset, f);
+      if (r.state == sp::Decode::NeedMore) return true;
+      const bool hello = c.auth == Client::Auth::AwaitHello;
+      if (r.state == sp::Decode::Malformed ||
+          f.tag != (hello ? sp::AuthTag::Hello : sp::AuthTag::Proof) ||
+          f.body.size() != (hello ? auth::kNonceBytes : auth::kMacBytes)) {
+        warn("dropping a client that did not authenticate ({})",
+             r.state == sp::Decode::Malformed ? r.reason : "an unexpected authentication frame");
+        // A client without the key sent a request: tell it what is missing.
+        auto frame = sp::encode(
+            sp::Response{.status = sp::Status::Error,
+                         .error = "this store requires authentication: set RDMACC_AUTH_KEY (or "
+                                  "RDMACC_AUTH_KEY_FILE) to the job's key on this process too"});
+        ssize_t ignored =
+            ::send(c.fd.get(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)ignored;
+        return false;
+      }
+      offset += r.consumed;
+      if (hello) {
+        std::copy(f.body.begin(), f.body.end(), c.clientNonce.begin());
+        c.serverNonce = auth::nonce();
+        const auth::Mac proof =
+            auth::mac(authKey, "rdmacc store server", c.clientNonce, c.serverNonce);
+        sp::AuthFrame challenge{.tag = sp::AuthTag::Challenge};
+        challenge.body.assign(c.serverNonce.begin(), c.serverNonce.end());
+        challenge.body.insert(challenge.body.end(), proof.begin(), proof.end());
+        auto frame = sp::encode(challenge);
+        c.out.insert(c.out.end(), frame.begin(), frame.end());
+        c.auth = Client::Auth::AwaitProof;
+      } else {
+        const auth::Mac want =
+            auth::mac(authKey, "rdmacc store client", c.serverNonce, c.clientNonce);
+        if (!auth::same(want, f.body.data())) {
+          warn("dropping a client whose proof of the key is wrong (another key?)");
+          return false;
+        }
+        c.auth = Client::Auth::Open;
+      }
+    }
+    return true;
+  }
+
   // Decodes and runs the client's queued frames; false if it must be dropped.
   bool process(uint64_t id, Client& c) {
+    size_t offset = 0;
+    if (c.auth != Client::Auth::Open) {
+      if (!authenticate(c, offset)) return false;
+      if (c.auth != Client::Auth::Open) {
+        inputHeld -= offset;
+        c.in.erase(c.in.begin(), c.in.begin() + static_cast<ptrdiff_t>(offset));
+        return true;
+      }
+    }
     if (c.blocked) {
       if (!ready(c.pending, c.present) || !execute(c.pending, c)) return true;
       unblock(id, c);
     }
-    size_t offset = 0;
     while (!c.blocked && c.backlog() <= kOutputHighWater) {
       sp::Request req;
       auto r = sp::decode(c.in.data() + offset, c.in.size() - offset, req);
@@ -284,6 +347,7 @@ struct TCPStoreServer::State {
       net::setNoDelay(fd);
       Client& c = clients[nextClientId++];
       c.fd = Fd(fd);
+      if (!authKey.empty()) c.auth = Client::Auth::AwaitHello;
       c.lastInput = Clock::now();
     }
   }
@@ -380,8 +444,9 @@ struct TCPStoreServer::State {
   }
 };
 
-TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port)
+TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port, std::string authKey)
     : state_(std::make_unique<State>()) {
+  state_->authKey = std::move(authKey);
   state_->listenFd = net::listenTcp(host, port);
   net::setNonBlocking(state_->listenFd.get());
   state_->port = net::localPort(state_->listenFd.get());
@@ -422,7 +487,10 @@ struct TCPStore::State {
     auto delay = std::chrono::milliseconds(10);
     while (true) {
       fd = net::tryConnectTcp(host, port, deadline, errnum, detail);
-      if (fd) return;
+      if (fd) {
+        if (!options.authKey.empty()) authenticate(deadline);
+        return;
+      }
       if (Clock::now() + delay > deadline) break;
       std::this_thread::sleep_for(delay);
       delay = std::min(delay * 2, std::chrono::milliseconds(500));
@@ -436,6 +504,68 @@ struct TCPStore::State {
         .status = detail,
         .peerAddress = where(),
         .hint = "check MASTER_ADDR/MASTER_PORT and that rank 0 (or the launcher) is running"});
+  }
+
+  // The client's side of the challenge-response (store_protocol.hpp): it
+  // also checks that the server holds the key before sending it anything.
+  void authenticate(Clock::time_point deadline) {
+    auto fail = [&](const std::string& what, const std::string& hint) {
+      fd.reset();
+      throw Error(ErrorInfo{.kind = ErrorKind::Store,
+                            .message = fmt::format("store at {}: {}", where(), what),
+                            .peerAddress = where(),
+                            .hint = hint});
+    };
+    const std::string sameKey =
+        "set the same RDMACC_AUTH_KEY (or RDMACC_AUTH_KEY_FILE) on every rank and on the "
+        "process hosting the store, or on none";
+    const auth::Nonce mine = auth::nonce();
+    sp::AuthFrame hello{.tag = sp::AuthTag::Hello};
+    hello.body.assign(mine.begin(), mine.end());
+    std::vector<uint8_t> reply(4 + 1 + sp::kMaxAuthBodyBytes);
+    size_t got = 0;
+    sp::AuthFrame challenge;
+    try {
+      auto frame = sp::encode(hello);
+      if (!net::sendAll(fd.get(), frame.data(), frame.size(), deadline)) {
+        fail("no room to send the authentication hello in time", sameKey);
+      }
+      while (true) {
+        const auto r = sp::decode(reply.data(), got, challenge);
+        if (r.state == sp::Decode::Ok) break;
+        if (r.state == sp::Decode::Malformed || got == reply.size()) {
+          fail(fmt::format("answered the authentication hello with something else ({})", r.reason),
+               "is MASTER_PORT an rdmacc store? " + sameKey);
+        }
+        if (!net::recvAll(fd.get(), reply.data() + got, 1, deadline)) {
+          fail("did not answer the authentication hello in time", sameKey);
+        }
+        ++got;
+      }
+    } catch (const Error& e) {
+      if (!fd) throw;  // fail() above
+      fail(fmt::format("closed the connection during authentication ({}): it runs without a "
+                       "key, or with another one",
+                       e.info().message),
+           sameKey);
+    }
+    if (challenge.tag != sp::AuthTag::Challenge ||
+        challenge.body.size() != auth::kNonceBytes + auth::kMacBytes) {
+      fail("sent a malformed authentication challenge", sameKey);
+    }
+    auth::Nonce theirs{};
+    std::copy_n(challenge.body.begin(), theirs.size(), theirs.begin());
+    const auth::Mac expected = auth::mac(options.authKey, "rdmacc store server", mine, theirs);
+    if (!auth::same(expected, challenge.body.data() + auth::kNonceBytes)) {
+      fail("does not hold this process's key (its proof is wrong)", sameKey);
+    }
+    const auth::Mac proof = auth::mac(options.authKey, "rdmacc store client", theirs, mine);
+    sp::AuthFrame answer{.tag = sp::AuthTag::Proof};
+    answer.body.assign(proof.begin(), proof.end());
+    auto frame = sp::encode(answer);
+    if (!net::sendAll(fd.get(), frame.data(), frame.size(), deadline)) {
+      fail("no room to send the authentication proof in time", sameKey);
+    }
   }
 
   // Sends one request and waits for its response until the deadline; returns
@@ -524,7 +654,7 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
     std::string why;
     const std::string bind = net::storeBindAddress(state_->host, why);
     log(LogLevel::Info, "store server on {}:{}: {}", bind, port, why);
-    state_->server = std::make_unique<TCPStoreServer>(bind, port);
+    state_->server = std::make_unique<TCPStoreServer>(bind, port, options.authKey);
     state_->port = state_->server->port();
   }
   std::lock_guard lock(state_->mutex);

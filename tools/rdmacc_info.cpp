@@ -23,7 +23,7 @@ constexpr uint64_t kMemlockWarnBytes = 64ull << 20;
 void printConfig(const Config& config) {
   fmt::print("configuration (explicit options > RDMACC_* environment > defaults):\n");
   for (const auto& spec : optionTable()) {
-    std::string value = config.raw(spec.name);
+    std::string value = config.shown(spec.name);
     fmt::print("  {:<24} = {:<10} [{}{}{}] {}\n", spec.name, value.empty() ? "\"\"" : value,
                toString(config.source(spec.name)), spec.unit.empty() ? "" : ", ", spec.unit,
                spec.doc);
@@ -153,7 +153,7 @@ int reportJson(const Config& config) {
   }
   json values = json::object();
   for (const auto& spec : optionTable()) {
-    values[std::string(spec.name)] = {{"value", config.raw(spec.name)},
+    values[std::string(spec.name)] = {{"value", config.shown(spec.name)},
                                       {"source", toString(config.source(spec.name))}};
   }
   doc["config"] = values;

@@ -183,8 +183,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<rdmacc::TCPStoreServer> store;
   if (nodeRank == 0) {
     try {
-      store =
-          std::make_unique<rdmacc::TCPStoreServer>(masterAddr, static_cast<uint16_t>(storePort));
+      // With RDMACC_AUTH_KEY(_FILE) set, the ranks (which inherit it) must
+      // authenticate; a wrong key file stops the launch here.
+      store = std::make_unique<rdmacc::TCPStoreServer>(masterAddr, static_cast<uint16_t>(storePort),
+                                                       rdmacc::authKey(rdmacc::Config::load()));
       storePort = store->port();
     } catch (const std::exception& e) {
       fmt::print(stderr,

@@ -23,6 +23,7 @@ struct OptionSpec {
   std::string_view doc;           // one line
   int64_t min = 0;                // Int only: inclusive range
   int64_t max = 0;
+  bool secret = false;  // never shown: logs, --config and --json say "(set)"
 };
 
 // The table, in display order.
@@ -43,6 +44,9 @@ class Config {
                      const std::vector<std::string>& environment);
 
   const std::string& raw(std::string_view name) const;  // the value as written
+  // What a log line, a table or a JSON record may show: raw(), or "(set)"
+  // for a secret that is set.
+  std::string shown(std::string_view name) const;
   ValueSource source(std::string_view name) const;
   int64_t getInt(std::string_view name) const;
   bool getBool(std::string_view name) const;

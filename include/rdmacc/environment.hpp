@@ -12,7 +12,7 @@ namespace rdmacc {
 struct GroupEnvironment {
   int rank = 0;
   int size = 1;
-  int localRank = 0;  // localRankFromEnvironment()
+  int localRank = 0;     // localRankFromEnvironment()
   std::string launcher;  // "torchrun/rdmacc-run", "mpirun", "srun" or "single process"
   std::shared_ptr<Store> store;
 };
@@ -24,6 +24,11 @@ struct GroupEnvironment {
 // rank 0 unless RDMACC_AGENT_STORE=1 says the launcher hosts it. Throws Error
 // naming the variable that is missing or malformed.
 GroupEnvironment groupFromEnvironment(const Config& config);
+
+// The job's shared secret: RDMACC_AUTH_KEY, or the contents of
+// RDMACC_AUTH_KEY_FILE (mode 600); "" when neither is set. Throws
+// Error(InvalidArgument) naming what is wrong with the file.
+std::string authKey(const Config& config);
 
 // This process's rank among the ranks of its host, from LOCAL_RANK,
 // OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID (the launcher

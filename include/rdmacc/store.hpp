@@ -87,8 +87,11 @@ class FileStore final : public Store {
 // Thread-safe: construct, query port(), destroy (stops and joins the thread).
 class TCPStoreServer {
  public:
-  // port 0 picks a free port. Throws Error(Store) if it cannot listen.
-  explicit TCPStoreServer(const std::string& host = "0.0.0.0", uint16_t port = 0);
+  // port 0 picks a free port. Throws Error(Store) if it cannot listen. With
+  // an authKey (RDMACC_AUTH_KEY), clients must prove they hold it
+  // (challenge-response) before their first request, or are dropped.
+  explicit TCPStoreServer(const std::string& host = "0.0.0.0", uint16_t port = 0,
+                          std::string authKey = {});
   ~TCPStoreServer();
   TCPStoreServer(const TCPStoreServer&) = delete;
   TCPStoreServer& operator=(const TCPStoreServer&) = delete;
@@ -104,6 +107,9 @@ struct TCPStoreOptions {
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
   // How long to keep retrying the first connection (the server may start later).
   std::chrono::milliseconds connectTimeout = std::chrono::seconds(60);
+  // The job's shared secret (RDMACC_AUTH_KEY): the client authenticates with
+  // it, and a server hosted here requires it. Empty: neither.
+  std::string authKey;
 };
 
 // The client (and, with isServer, the server). Reconnects after a broken
