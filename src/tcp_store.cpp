@@ -470,26 +470,49 @@ uint16_t TCPStoreServer::port() const noexcept {
 
 // ----------------------------------------------------------------- client --
 
-// Threading: one mutex serialises requests on the single connection.
+// Threading: a pool of connections. A call takes an idle one (or opens
+// one) and returns it when done, so a thread blocked in get() or wait() never
+// holds up another thread's set() (which may be what it waits for), as with
+// c10d's TCPStore used from several threads. A connection whose call failed
+// or timed out is closed, not returned: a late reply must not be read as the
+// answer to the next request.
 struct TCPStore::State {
   std::string host;
   uint16_t port;
   TCPStoreOptions options;
   std::unique_ptr<TCPStoreServer> server;
-  std::mutex mutex;
-  Fd fd;
+  std::mutex mutex;      // guards idle
+  std::vector<Fd> idle;  // connections no call is using
+  static constexpr size_t kMaxIdle = 8;
+
+  // A connection for one call: an idle one, or a new one.
+  Fd take() {
+    {
+      std::lock_guard lock(mutex);
+      if (!idle.empty()) {
+        Fd fd = std::move(idle.back());
+        idle.pop_back();
+        return fd;
+      }
+    }
+    return connect(Clock::now() + options.connectTimeout);
+  }
+  void giveBack(Fd fd) {
+    std::lock_guard lock(mutex);
+    if (idle.size() < kMaxIdle) idle.push_back(std::move(fd));
+  }
 
   std::string where() const { return fmt::format("{}:{}", host, port); }
 
-  void connect(Clock::time_point deadline) {
+  Fd connect(Clock::time_point deadline) {
     int errnum = 0;
     std::string detail;
     auto delay = std::chrono::milliseconds(10);
     while (true) {
-      fd = net::tryConnectTcp(host, port, deadline, errnum, detail);
+      Fd fd = net::tryConnectTcp(host, port, deadline, errnum, detail);
       if (fd) {
-        if (!options.authKey.empty()) authenticate(deadline);
-        return;
+        if (!options.authKey.empty()) authenticate(fd, deadline);
+        return fd;
       }
       if (Clock::now() + delay > deadline) break;
       std::this_thread::sleep_for(delay);
@@ -508,7 +531,7 @@ struct TCPStore::State {
 
   // The client's side of the challenge-response (store_protocol.hpp): it
   // also checks that the server holds the key before sending it anything.
-  void authenticate(Clock::time_point deadline) {
+  void authenticate(Fd& fd, Clock::time_point deadline) {
     auto fail = [&](const std::string& what, const std::string& hint) {
       fd.reset();
       throw Error(ErrorInfo{.kind = ErrorKind::Store,
@@ -571,8 +594,7 @@ struct TCPStore::State {
   // Sends one request and waits for its response until the deadline; returns
   // false on timeout (the connection is then dropped: a late reply must not be
   // read as the answer to the next request).
-  bool roundTrip(const sp::Request& req, sp::Response& resp, Clock::time_point deadline) {
-    if (!fd) connect(Clock::now() + options.connectTimeout);
+  bool roundTrip(Fd& fd, const sp::Request& req, sp::Response& resp, Clock::time_point deadline) {
     try {
       auto frame = sp::encode(req);
       if (!net::sendAll(fd.get(), frame.data(), frame.size(), deadline)) {
@@ -618,9 +640,12 @@ struct TCPStore::State {
   }
 
   sp::Response call(sp::Request req, std::chrono::milliseconds timeout, const char* what) {
-    std::lock_guard lock(mutex);
+    Fd fd = take();
     sp::Response resp;
-    if (roundTrip(req, resp, Clock::now() + timeout)) return resp;
+    if (roundTrip(fd, req, resp, Clock::now() + timeout)) {
+      if (fd) giveBack(std::move(fd));
+      return resp;
+    }
     // Which keys are missing, for the error: one check per key, all within
     // one short budget, and none after the server stopped answering (a mute
     // server used to cost 5 s per key on top of the timeout).
@@ -628,9 +653,15 @@ struct TCPStore::State {
     if (req.command == sp::Command::Get || req.command == sp::Command::Wait) {
       const auto diagnosis =
           Clock::now() + std::min<Clock::duration>(timeout, std::chrono::seconds(1));
+      Fd check;
+      try {
+        check = connect(diagnosis);
+      } catch (const Error&) {
+      }
       for (const auto& k : req.keys) {
         sp::Response r;
-        if (!roundTrip(sp::Request{.command = sp::Command::Check, .keys = {k}}, r, diagnosis)) {
+        if (!check || !roundTrip(check, sp::Request{.command = sp::Command::Check, .keys = {k}}, r,
+                                 diagnosis)) {
           break;
         }
         if (!r.value.empty() && r.value[0] == 0) missing.push_back(k);
@@ -657,8 +688,8 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
     state_->server = std::make_unique<TCPStoreServer>(bind, port, options.authKey);
     state_->port = state_->server->port();
   }
-  std::lock_guard lock(state_->mutex);
-  state_->connect(Clock::now() + options.connectTimeout);
+  // Connect now: a wrong address or key fails here, not at the first call.
+  state_->giveBack(state_->connect(Clock::now() + options.connectTimeout));
 }
 
 TCPStore::~TCPStore() = default;

@@ -2,6 +2,7 @@
 // (c10d's Store: set, get that waits, add, check, wait, deleteKey).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -38,11 +39,13 @@ class Store {
   // True when the key existed.
   virtual bool deleteKey(const std::string& key) = 0;
 
-  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
-  void setTimeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_.load(); }
+  // Safe while other threads use the store: their calls use the old or the
+  // new value.
+  void setTimeout(std::chrono::milliseconds timeout) noexcept { timeout_.store(timeout); }
 
  private:
-  std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;
 };
 
 // In-process store, for tests and single-process groups.

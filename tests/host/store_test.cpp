@@ -315,6 +315,23 @@ std::vector<uint8_t> frame(std::vector<uint8_t> body) {
   return out;
 }
 
+// One client shared by threads (as c10d's TCPStore is): a thread blocked in
+// get() does not hold up another thread's set(), even of the key it waits
+// for (it used to wait behind the get until its timeout), and setTimeout()
+// while they run is safe.
+TEST(TCPStore, ThreadsSharingAClientDoNotWaitForEachOther) {
+  TCPStore store("127.0.0.1", 0, TCPStoreOptions{.isServer = true, .timeout = 5s});
+  const auto start = std::chrono::steady_clock::now();
+  std::thread waiter([&] { EXPECT_EQ(toString(store.get("late")), "here"); });
+  std::this_thread::sleep_for(100ms);
+  store.setTimeout(4s);
+  store.set("unrelated", toBytes("x"));
+  store.set("late", toBytes("here"));
+  waiter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_EQ(store.timeout(), 4s);
+}
+
 TEST(TCPStoreServer, MalformedFramesDropOnlyThatClient) {
   TCPStoreServer server("127.0.0.1", 0);
   TCPStore good("127.0.0.1", server.port(), TCPStoreOptions{.timeout = 2s});
