@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 LOSS = [("0", "none"), ("0.1", "0.1 %"), ("1", "1 %"), ("5", "5 %"),
-        ("1r", "1 % + reordering (25 %, 1 ms delay)")]
+        ("1r", "1 % + reordering (10 %, 1 ms delay)")]
 
 
 def load(directory, pattern):
@@ -81,8 +81,8 @@ def loss_table(directory, rounds):
            "busbw in GB/s, time in us; ratio: busbw at "
            f"{big} over the no-loss runs' (medians).", "",
            f"| loss on host 2's link | allreduce {small} time | allreduce {big} busbw "
-           f"| allgather {big} busbw | ratio allreduce / allgather | wrong elements |",
-           "|---|---|---|---|---|---|"]
+           f"| allgather {big} busbw | ratio allreduce / allgather | wrong elements | runs completed |",
+           "|---|---|---|---|---|---|---|"]
 
     def med(values):
         values = sorted(values)
@@ -100,7 +100,8 @@ def loss_table(directory, rounds):
             ratios.append(f"{med(values) / base[c]:.2f}" if values and base[c] else "-")
         docs = runs.get((name, "allreduce"), []) + runs.get((name, "allgather"), [])
         out.append(f"| {label} | {span(small_t, '{:.0f}')} | {span(ar, '{:.3f}')} | "
-                   f"{span(ag, '{:.3f}')} | {' / '.join(ratios)} | {wrong(docs) if docs else 'failed'} |")
+                   f"{span(ag, '{:.3f}')} | {' / '.join(ratios)} | {wrong(docs) if docs else 'failed'} "
+                   f"| {len(docs)} of {2 * rounds} |")
     return "\n".join(out) + "\n"
 
 
@@ -114,8 +115,8 @@ def rails_table(directory, rounds):
            "(`RDMACC_IB_HCA=rxe0,rxe1`, local rank r on rail r); shared memory inside "
            "a host. busbw in GB/s.", "",
            "| rails | " + " | ".join(f"{c} {s}" for c in ("allreduce", "alltoall") for s in labels)
-           + " | wrong elements |",
-           "|---|" + "---|" * (2 * len(labels)) + "---|"]
+           + " | wrong elements | runs completed |",
+           "|---|" + "---|" * (2 * len(labels)) + "---|---|"]
     for rails in ("1", "2"):
         cells = []
         docs_all = []
@@ -124,7 +125,8 @@ def rails_table(directory, rounds):
             docs_all += docs
             for i in range(len(labels)):
                 cells.append(span([row(d, i)["busbw_gbs"] for d in docs if row(d, i)], "{:.3f}"))
-        out.append(f"| {rails} | " + " | ".join(cells) + f" | {wrong(docs_all) if docs_all else 'failed'} |")
+        out.append(f"| {rails} | " + " | ".join(cells) + f" | {wrong(docs_all) if docs_all else 'failed'} "
+                   f"| {len(docs_all)} of {2 * rounds} |")
     return "\n".join(out) + "\n"
 
 
@@ -138,15 +140,17 @@ def formation_table(directory, rounds):
            "largest rank's resident memory right after: ranks of a host through "
            "shared memory and RDMA between hosts (`auto`), or every pair over RDMA "
            "(`rdma`: one rdma_cm connection and queue pairs per pair).", "",
-           "| ranks | auto: time (ms) | auto: memory (MiB) | rdma: time (ms) | rdma: memory (MiB) |",
-           "|---|---|---|---|---|"]
+           "| ranks | auto: time (ms) | auto: memory (MiB) | rdma: time (ms) | rdma: memory (MiB) | runs completed |",
+           "|---|---|---|---|---|---|"]
     for n in counts:
         cells = []
+        done = 0
         for t in ("auto", "rdma"):
             docs = runs.get((str(n), t), [])
+            done += len(docs)
             cells.append(span([d["formation_ms"] for d in docs], "{:.0f}"))
             cells.append(span([d["resident_mib"] for d in docs], "{:.1f}"))
-        out.append(f"| {n} | " + " | ".join(cells) + " |")
+        out.append(f"| {n} | " + " | ".join(cells) + f" | {done} of {2 * rounds} |")
     return "\n".join(out) + "\n"
 
 
@@ -171,8 +175,11 @@ def plot(directory, png):
         with open(script, "w") as f:
             f.write(f"set terminal pngcairo size 1200,450\nset output '{png}'\n"
                     "set multiplot layout 1,2 title 'rdmacc across 3 soft-RoCE hosts: busbw against loss on one link'\n"
-                    "set logscale x 2\nset format x '%.0s%cB'\nset xlabel 'message size (bytes)'\nset ylabel 'busbw (GB/s)'\n"
-                    "set key top left\nset grid\n")
+                    "set logscale x 2\nset xlabel 'message size'\nset ylabel 'busbw (GB/s)'\n"
+                    "set key below\nset grid\n")
+            sizes = sorted({r["size"] for docs in runs.values() for r in docs[-1]["rows"]})
+            tics = ", ".join(f"'{human(x)}' {x}" for x in sizes)
+            f.write(f"set xtics ({tics})\n")
             for coll, series in panels:
                 if series:
                     f.write(f"set title '{coll}'\nplot {', '.join(series)}\n")
