@@ -462,6 +462,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     log(LogLevel::Debug, "rank {}: endpoint {}:{} {} GID {}", rank, endpoint_.device,
         endpoint_.port, endpoint_.ipv4, endpoint_.gidIndex);
     context_ = verbs::openDevice(endpoint_.device);
+    verbs::makeAsyncNonBlocking(context_.get());  // read by the transport, never blocking
     pd_ = verbs::allocatePd(context_.get());
     int peers = std::max(connectedPeers(), 1) * qpsPerPeer_;
     cq_ = std::make_unique<verbs::CompletionQueue>(

@@ -174,6 +174,8 @@ bool RdmaTransport::flushCredits() {
 // --------------------------------------------------------- completions --
 
 bool RdmaTransport::poll(TransportSink& sink) {
+  if (++pollsSinceAsync_ >= kAsyncPollEvery) takeAsyncEvents();
+  if (!asyncFailures_.empty()) deliverAsyncFailures(sink);
   std::array<ibv_wc, 64> wcs;
   int n = mesh_.cq().poll(wcs);
   for (int i = 0; i < n; ++i) {

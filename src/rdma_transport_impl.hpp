@@ -87,8 +87,13 @@ class RdmaTransport final : public Transport {
   bool directWrites(int) const override { return true; }
   void arm() override { mesh_.cq().arm(); }
   void disarm() override {}
-  std::array<int, 3> eventFds() const override { return {mesh_.cq().fd(), mesh_.eventFd(), -1}; }
-  void consumeEvents() override { mesh_.cq().drainEvents(); }
+  std::array<int, 4> eventFds() const override {
+    return {mesh_.cq().fd(), mesh_.eventFd(), mesh_.context()->async_fd, -1};
+  }
+  void consumeEvents() override {
+    mesh_.cq().drainEvents();
+    takeAsyncEvents();
+  }
   void drain(const std::vector<bool>& dead) override;
   void probe(int peer) override;
 
@@ -124,6 +129,15 @@ class RdmaTransport final : public Transport {
   static void writesCompleted(PeerState& p, Lane& lane);
   void onReceive(TransportSink& sink, int peer, size_t lane, const wire::Completion& completion,
                  uint64_t wrId);
+  // The device's asynchronous events (rdma_async.cpp): a queue pair, the CQ
+  // or the device in error fails the peers it serves (delivered by poll());
+  // port down/up is logged (transfers retry meanwhile). Read after a sleep
+  // and every kAsyncPollEvery polls, so spinning costs no system call.
+  void takeAsyncEvents();
+  void deliverAsyncFailures(TransportSink& sink);
+  static constexpr uint32_t kAsyncPollEvery = 4096;
+  uint32_t pollsSinceAsync_ = 0;
+  std::vector<std::pair<int, Error>> asyncFailures_;
 
   Mesh& mesh_;
   const RegistrationCache* registrations_;

@@ -63,8 +63,8 @@ class RoutedTransport final : public Transport, private TransportSink {
     first_->disarm();
     second_->disarm();
   }
-  std::array<int, 3> eventFds() const override {
-    std::array<int, 3> fds{-1, -1, -1};
+  std::array<int, 4> eventFds() const override {
+    std::array<int, 4> fds{-1, -1, -1, -1};
     size_t n = 0;
     for (const auto* t : {first_.get(), second_.get()}) {
       for (int fd : t->eventFds()) {

@@ -173,7 +173,7 @@ class ShmTransport final : public Transport {
   Departure departure(int peer) const override { return peers_[idx(peer)].how; }
   void arm() override;
   void disarm() override { consumeEvents(); }
-  std::array<int, 3> eventFds() const override { return {doorbell_.get(), -1, -1}; }
+  std::array<int, 4> eventFds() const override { return {doorbell_.get(), -1, -1, -1}; }
   void consumeEvents() override;
   void drain(const std::vector<bool>&) override {}  // every send completed when it returned
 

@@ -116,7 +116,7 @@ class Transport {
   // disarm() withdraws arm() when the thread did not sleep after all.
   virtual void arm() = 0;
   virtual void disarm() = 0;
-  virtual std::array<int, 3> eventFds() const = 0;
+  virtual std::array<int, 4> eventFds() const = 0;
   virtual void consumeEvents() = 0;
 
   // Before the connections go away: lets transfers already posted to the

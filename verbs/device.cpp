@@ -1,5 +1,7 @@
 #include "verbs/device.hpp"
 
+#include <fcntl.h>
+
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
@@ -134,6 +136,47 @@ ibv_mtu mtuFromBytes(int bytes) noexcept {
   if (bytes >= 1024) return IBV_MTU_1024;
   if (bytes >= 512) return IBV_MTU_512;
   return IBV_MTU_256;
+}
+
+void makeAsyncNonBlocking(ibv_context* context) {
+  int flags = ::fcntl(context->async_fd, F_GETFL);
+  if (flags < 0 || ::fcntl(context->async_fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    throw verbsError("fcntl", errno, "cannot make the device's async event fd non-blocking");
+  }
+}
+
+std::vector<AsyncEvent> takeAsyncEvents(ibv_context* context) {
+  std::vector<AsyncEvent> events;
+  ibv_async_event event{};
+  while (ibv_get_async_event(context, &event) == 0) {
+    AsyncEvent e{.type = event.event_type, .name = ibv_event_type_str(event.event_type)};
+    switch (event.event_type) {
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+      case IBV_EVENT_COMM_EST:
+      case IBV_EVENT_SQ_DRAINED:
+      case IBV_EVENT_PATH_MIG:
+      case IBV_EVENT_PATH_MIG_ERR:
+      case IBV_EVENT_QP_LAST_WQE_REACHED:
+        e.qp = event.element.qp;
+        break;
+      case IBV_EVENT_PORT_ACTIVE:
+      case IBV_EVENT_PORT_ERR:
+      case IBV_EVENT_LID_CHANGE:
+      case IBV_EVENT_PKEY_CHANGE:
+      case IBV_EVENT_SM_CHANGE:
+      case IBV_EVENT_CLIENT_REREGISTER:
+      case IBV_EVENT_GID_CHANGE:
+        e.port = event.element.port_num;
+        break;
+      default:
+        break;
+    }
+    ibv_ack_async_event(&event);
+    events.push_back(e);
+  }
+  return events;
 }
 
 ContextPtr openDevice(const std::string& name) {

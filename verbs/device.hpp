@@ -4,6 +4,7 @@
 #include <infiniband/verbs.h>
 
 #include <string>
+#include <vector>
 
 #include "rdmacc/topology.hpp"
 #include "verbs/handles.hpp"
@@ -17,6 +18,19 @@ PortInfo queryPort(ibv_context* context, int port);
 int mtuBytes(ibv_mtu mtu) noexcept;
 // Largest enum not above bytes (bytes >= 256).
 ibv_mtu mtuFromBytes(int bytes) noexcept;
+
+// The device's asynchronous events (port up/down, a queue pair or the CQ in
+// error, the device failed). makeAsyncNonBlocking once, after opening;
+// takeAsyncEvents returns (and acknowledges) every event pending, never
+// blocking.
+struct AsyncEvent {
+  ibv_event_type type;
+  const char* name;      // ibv_event_type_str
+  ibv_qp* qp = nullptr;  // the queue pair, for QP events
+  int port = 0;          // the port, for port events
+};
+void makeAsyncNonBlocking(ibv_context* context);
+std::vector<AsyncEvent> takeAsyncEvents(ibv_context* context);
 
 // The text that tells a user with no device how to get one.
 std::string noDeviceHint();
