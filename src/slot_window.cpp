@@ -1,10 +1,12 @@
 #include "src/slot_window.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "rdmacc/error.hpp"
 #include "src/credits.hpp"
 
 namespace rdmacc {
@@ -72,6 +74,14 @@ std::optional<wire::Violation> SlotWindow::accept(const wire::Completion& c, con
 }
 
 bool SlotWindow::release(int slot) {
+  // A slot released twice would hand its credit back twice: the peer, once
+  // it wrote the slot again, would take the second for a release of the new
+  // message and overwrite it. Refuse instead (an rdmacc bug, never a peer's).
+  if (slot < 0 || slot >= slots_ || !ledger_.held(slot) ||
+      std::find(pendingCredits_.begin(), pendingCredits_.end(), slot) != pendingCredits_.end()) {
+    throw Error(ErrorKind::Internal,
+                fmt::format("slot {} released while it holds no unreleased message", slot));
+  }
   --unreleased_;
   pendingCredits_.push_back(slot);
   return pendingCredits_.size() * 2 >= static_cast<size_t>(slots_);

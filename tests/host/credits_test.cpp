@@ -1,5 +1,10 @@
 #include "src/credits.hpp"
 
+#include <cstring>
+
+#include "rdmacc/error.hpp"
+#include "src/slot_window.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,6 +50,29 @@ TEST(Credits, AFullGroupFitsOneMessage) {
   EXPECT_TRUE(std::is_sorted(all.begin(), all.end()));
   EXPECT_EQ(all.front(), 32);
   EXPECT_EQ(all.back(), 47);
+}
+
+// A slot released twice would hand its credit back twice, and the peer would
+// overwrite the next message in it: SlotWindow refuses the second release.
+TEST(SlotWindow, ASlotReleasedTwiceIsRefused) {
+  constexpr int kSlots = 16;
+  const wire::Limits limits{.slotsPerPeer = kSlots, .slotBytes = 256};
+  std::vector<uint8_t> region(kSlots * limits.slotBytes, 0);
+  wire::Header h;
+  std::memcpy(region.data() + 3 * limits.slotBytes, &h, sizeof h);
+  SlotWindow window(kSlots);
+  uint64_t arrivals = 0;
+  Incoming in;
+  bool isMessage = false;
+  const wire::Completion c{
+      .rdmaWriteWithImm = true, .withImm = true, .imm = 3, .byteLen = wire::kHeaderBytes};
+  ASSERT_FALSE(window.accept(c, region.data(), limits, arrivals, in, isMessage));
+  ASSERT_TRUE(isMessage);
+  window.release(3);
+  EXPECT_THROW(window.release(3), Error);  // before its credit went back
+  window.takeCreditMessage();
+  EXPECT_THROW(window.release(3), Error);  // after
+  EXPECT_THROW(window.release(7), Error);  // a slot that never held a message
 }
 
 }  // namespace
