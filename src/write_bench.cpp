@@ -31,6 +31,24 @@ constexpr uint32_t kImmIntact = 0x2;   // rank 1 -> 0: data verified
 constexpr uint32_t kImmCorrupt = 0x3;  // rank 1 -> 0: data differs
 constexpr uint32_t kImmReady = 0x4;    // both ways: latency flag cleared
 
+// perftest's statistics of the samples (microseconds) into r.
+void summarize(std::vector<double>& samples, LatencyResult& r) {
+  std::sort(samples.begin(), samples.end());
+  auto at = [&](double q) {
+    return samples[std::min(samples.size() - 1, static_cast<size_t>(q * samples.size()))];
+  };
+  double sum = 0, sq = 0;
+  for (double v : samples) sum += v;
+  r.averageUs = sum / static_cast<double>(samples.size());
+  for (double v : samples) sq += (v - r.averageUs) * (v - r.averageUs);
+  r.stdevUs = std::sqrt(sq / static_cast<double>(samples.size()));
+  r.minUs = samples.front();
+  r.maxUs = samples.back();
+  r.typicalUs = at(0.5);
+  r.p99Us = at(0.99);
+  r.p999Us = at(0.999);
+}
+
 uint8_t patternByte(size_t i, size_t bytes) {
   return static_cast<uint8_t>((i * 131 + bytes * 7 + 1) & 0xff);
 }
@@ -316,20 +334,71 @@ LatencyResult WriteBench::latency(size_t bytes, int iterations, int warmup) {
   s.drain();
   s.marks.clear();
   if (s.rank == 1) return r;
-  std::sort(samples.begin(), samples.end());
-  auto at = [&](double q) {
-    return samples[std::min(samples.size() - 1, static_cast<size_t>(q * samples.size()))];
+  summarize(samples, r);
+  return r;
+}
+
+LatencyResult WriteBench::exchange(size_t bytes, int iterations, int warmup, bool pingPong) {
+  auto& s = *impl_;
+  if (bytes > s.maxInline || iterations < 1 || warmup < 0) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("an exchange run needs 0..{} bytes (inline) and >= 1 iteration (got {} "
+                            "bytes, {} iterations)",
+                            s.maxInline, bytes, iterations));
+  }
+  LatencyResult r{.bytes = bytes, .iterations = iterations};
+  std::vector<double> samples;
+  samples.reserve(static_cast<size_t>(iterations));
+  // In step: the peer's receives are posted and its CQ empty of old arrivals.
+  s.sendImm(kImmReady);
+  if (s.waitImm() != kImmReady)
+    throw Error(ErrorKind::Protocol, "write benchmark ranks are out of step");
+  int sinceSignal = 0;
+  auto send = [&](uint32_t imm) {
+    bool signaled = ++sinceSignal == kSignalEvery;
+    if (signaled) sinceSignal = 0;
+    s.post(s.source.data(), s.sourceMr->lkey, bytes, s.peerAddr, signaled,
+           signaled ? kSignalEvery : 0, imm);
   };
-  double sum = 0, sq = 0;
-  for (double v : samples) sum += v;
-  r.averageUs = sum / samples.size();
-  for (double v : samples) sq += (v - r.averageUs) * (v - r.averageUs);
-  r.stdevUs = std::sqrt(sq / samples.size());
-  r.minUs = samples.front();
-  r.maxUs = samples.back();
-  r.typicalUs = at(0.5);
-  r.p99Us = at(0.99);
-  r.p999Us = at(0.999);
+  // The payload's immediate carries the iteration (in the range of no
+  // control message), so a stray arrival cannot pass for one.
+  auto receive = [&](uint32_t expected) {
+    auto deadline = Clock::now() + kPeerTimeout;
+    while (s.imms.empty()) {
+      s.progress();
+      if (s.imms.empty() && Clock::now() > deadline) s.peerTimeout("an exchange message");
+    }
+    const uint32_t got = s.imms.front();
+    s.imms.erase(s.imms.begin());
+    if (got != expected) {
+      throw Error(
+          ErrorKind::Protocol,
+          fmt::format("exchange benchmark: immediate {:#x} where {:#x} was due", got, expected));
+    }
+  };
+  for (int i = 0; i < warmup + iterations; ++i) {
+    const uint32_t imm = 0x100u + static_cast<uint32_t>(i);
+    const auto t0 = Clock::now();
+    if (!pingPong) {
+      send(imm);
+      receive(imm);
+    } else if (s.rank == 0) {
+      send(imm);
+      receive(imm);
+    } else {
+      receive(imm);
+      send(imm);
+    }
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (i >= warmup) samples.push_back(pingPong ? us / 2 : us);
+  }
+  if (sinceSignal > 0) {
+    s.post(s.source.data(), s.sourceMr->lkey, 0, s.peerAddr, true, sinceSignal + 1);
+  }
+  s.drain();
+  s.marks.clear();
+  if (s.rank == 1) return r;
+  summarize(samples, r);
   return r;
 }
 

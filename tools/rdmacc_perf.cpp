@@ -157,8 +157,10 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
                  "world size and algorithm: every row of --csv FILE, else this run");
   app.add_flag("--replot", a.replot,
                "only draw --plot FILE.png from --csv FILE (no launcher, no device)");
-  app.add_option("-m,--mode", a.mode, "write only: bw, lat or all")
-      ->check(CLI::IsMember({"bw", "lat", "all"}))
+  app.add_option("-m,--mode", a.mode,
+                 "write only: bw, lat, all (both), or exchange: the message path's floor "
+                 "(WRITE_WITH_IMM arrivals polled from the CQ, ping-pong and both at once)")
+      ->check(CLI::IsMember({"bw", "lat", "all", "exchange"}))
       ->capture_default_str();
   app.add_option("-t,--tx-depth", a.txDepth, "write only: writes in flight")
       ->check(CLI::Range(1, 1 << 20))
@@ -220,12 +222,47 @@ std::vector<size_t> sizes(const Args& a) {
 
 // ------------------------------------------------------------ p2p write --
 
+// The latency columns of ib_write_lat / ib_send_lat, one row per size.
+void latencyHeader() {
+  fmt::print(" {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "#bytes",
+             "#iterations", "t_min", "t_max", "t_typical", "t_avg", "t_stdev", "99%", "99.9%");
+}
+void latencyRow(const LatencyResult& r) {
+  fmt::print(
+      " {:>10} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n",
+      r.bytes, r.iterations, r.minUs, r.maxUs, r.typicalUs, r.averageUs, r.stdevUs, r.p99Us,
+      r.p999Us);
+  std::fflush(stdout);
+}
+
+// -m exchange: the floor under a 2-rank small allreduce (docs/performance.md).
+void runExchange(const Args& args, WriteBench& bench, bool lead) {
+  for (bool pingPong : {true, false}) {
+    if (lead) {
+      fmt::print("{}", pingPong ? "# message path floor, ping-pong: RDMA WRITE_WITH_IMM (inline), "
+                                  "arrival polled from the CQ (half round trip, usec)\n"
+                                : "# message path floor, both ranks at once: each sends one "
+                                  "WRITE_WITH_IMM and polls its CQ for the other's (usec per "
+                                  "exchange)\n");
+      latencyHeader();
+    }
+    for (size_t s : sizes(args)) {
+      auto r = bench.exchange(s, args.iterations, args.warmup, pingPong);
+      if (lead) latencyRow(r);
+    }
+  }
+}
+
 int runWrite(const Args& args, GroupEnvironment& group, const Config& config) {
   WriteBench bench(group.store, group.rank, group.size, config,
                    WriteBenchOptions{.maxBytes = args.maxBytes, .txDepth = args.txDepth});
   bool lead = group.rank == 0;
   if (lead) fmt::print("# rdmacc-perf -c write: {}\n", bench.describe());
   bool intact = true;
+  if (args.mode == "exchange") {
+    runExchange(args, bench, lead);
+    return 0;
+  }
   if (args.mode != "lat") {
     if (lead) {
       fmt::print("# RDMA WRITE bandwidth (ib_write_bw definitions)\n");
@@ -245,19 +282,11 @@ int runWrite(const Args& args, GroupEnvironment& group, const Config& config) {
   if (args.mode != "bw") {
     if (lead) {
       fmt::print("# RDMA WRITE latency (ib_write_lat definitions: half round trip, usec)\n");
-      fmt::print(" {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "#bytes",
-                 "#iterations", "t_min", "t_max", "t_typical", "t_avg", "t_stdev", "99%", "99.9%");
+      latencyHeader();
     }
     for (size_t s : sizes(args)) {
       auto r = bench.latency(s, args.iterations, args.warmup);
-      if (lead) {
-        fmt::print(
-            " {:>10} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} "
-            "{:>10.2f}\n",
-            r.bytes, r.iterations, r.minUs, r.maxUs, r.typicalUs, r.averageUs, r.stdevUs, r.p99Us,
-            r.p999Us);
-        std::fflush(stdout);
-      }
+      if (lead) latencyRow(r);
     }
   }
   if (!intact) {

@@ -49,6 +49,14 @@ class WriteBench {
   // Results are meaningful on rank 0 (rank 1 only takes part).
   BandwidthResult bandwidth(size_t bytes, int iterations, int warmup);
   LatencyResult latency(size_t bytes, int iterations, int warmup);
+  // The message path's floor: what a 2-rank small allreduce needs at the
+  // verbs level with rdmacc's queue pairs and no engine. Each message is one
+  // RDMA WRITE_WITH_IMM (inline when it fits) whose arrival is a receive
+  // completion polled from the CQ (ib_send_lat's kind of arrival, not
+  // ib_write_lat's memory polling). pingPong: rank 0 sends, rank 1 answers
+  // (half round trip, as ib_*_lat); else both send at once and each waits
+  // for the other's (the time of one whole exchange).
+  LatencyResult exchange(size_t bytes, int iterations, int warmup, bool pingPong);
   // "rxe0:1, GID 1 (::ffff:192.168.77.1, RoCE v2), path MTU 4096, inline <= N"
   std::string describe() const;
 
