@@ -22,6 +22,12 @@ PageBuffer::PageBuffer(size_t bytes) {
                      fmt::format("cannot allocate {} bytes", bytes));
   }
   memory_ = std::unique_ptr<uint8_t, PageUnmap>(static_cast<uint8_t*>(p), PageUnmap{bytes});
+  // Slot and staging regions are registered with the device: a child of
+  // fork() (DataLoader workers) must not share or copy them, or on kernels
+  // without fork support (< 5.13) the parent's next write to a page would
+  // move it away from what the device reads and writes. The child never
+  // touches them. Best effort: the kernel refuses only for bad arguments.
+  ::madvise(p, bytes, MADV_DONTFORK);
 }
 
 }  // namespace rdmacc
