@@ -263,8 +263,7 @@ struct TCPStoreServer::State {
       auto r = sp::decode(c.in.data() + offset, c.in.size() - offset, req);
       if (r.state == sp::Decode::NeedMore) break;
       if (r.state == sp::Decode::Malformed) {
-        log(LogLevel::Warn, "store server: dropping a client that sent a malformed frame ({})",
-            r.reason);
+        warn("dropping a client that sent a malformed frame ({})", r.reason);
         return false;
       }
       offset += r.consumed;
