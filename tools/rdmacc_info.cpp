@@ -51,7 +51,7 @@ void printMarkdown() {
   }
 }
 
-int report(const Config& config) {
+int report(const Config& config, bool withConfig) {
   int problems = 0;
   fmt::print("rdmacc {} (built against {})\n", rdmacc::version(), RDMACC_VERSION);
   auto devices = listDevices();
@@ -97,7 +97,7 @@ int report(const Config& config) {
     fmt::print("unlimited\n");
   }
   fmt::print("\n");
-  printConfig(config);
+  if (withConfig) printConfig(config);
   return problems == 0 ? 0 : 1;
 }
 
@@ -177,6 +177,11 @@ int main(int argc, char** argv) {
   auto* markdownFlag =
       app.add_flag("--config-markdown", markdown, "only the table as docs/configuration.md")
           ->excludes(configFlag);
+  bool brief = false;
+  app.add_flag("--brief", brief,
+               "devices, the endpoint and limits, without the configuration table")
+      ->excludes(configFlag)
+      ->excludes(markdownFlag);
   bool asJson = false;
   app.add_flag("--json", asJson,
                "everything as one JSON document (devices, endpoint, memlock, configuration, "
@@ -195,7 +200,7 @@ int main(int argc, char** argv) {
       printConfig(loaded);
       return 0;
     }
-    return report(loaded);
+    return report(loaded, !brief);
   } catch (const std::exception& e) {
     fmt::print(stderr, "rdmacc-info: {}\n", e.what());
     return cli::kFailed;
