@@ -139,6 +139,15 @@ struct WriteBench::Impl {
     drain();
   }
 
+  // After a latency run: completes the unsignaled tail (sinceSignal writes
+  // since the last signaled one), so that the next run starts with an
+  // empty queue.
+  void settle(int sinceSignal) {
+    if (sinceSignal > 0) post(source.data(), sourceMr->lkey, 0, peerAddr, true, sinceSignal + 1);
+    drain();
+    marks.clear();
+  }
+
   void drain() {
     auto deadline = Clock::now() + kPeerTimeout;
     while (outstanding > 0) {
@@ -327,12 +336,7 @@ LatencyResult WriteBench::latency(size_t bytes, int iterations, int warmup) {
       send(value);
     }
   }
-  // Settle the unsignaled tail so that the next run starts with an empty queue.
-  if (sinceSignal > 0) {
-    s.post(s.source.data(), s.sourceMr->lkey, 0, s.peerAddr, true, sinceSignal + 1);
-  }
-  s.drain();
-  s.marks.clear();
+  s.settle(sinceSignal);
   if (s.rank == 1) return r;
   summarize(samples, r);
   return r;
@@ -392,11 +396,7 @@ LatencyResult WriteBench::exchange(size_t bytes, int iterations, int warmup, boo
     const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (i >= warmup) samples.push_back(pingPong ? us / 2 : us);
   }
-  if (sinceSignal > 0) {
-    s.post(s.source.data(), s.sourceMr->lkey, 0, s.peerAddr, true, sinceSignal + 1);
-  }
-  s.drain();
-  s.marks.clear();
+  s.settle(sinceSignal);
   if (s.rank == 1) return r;
   summarize(samples, r);
   return r;

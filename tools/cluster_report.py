@@ -64,6 +64,12 @@ def wrong(docs):
     return "0" if total == 0 else f"**{total}**"
 
 
+def outcome(docs, rounds):
+    """The last two cells of a row: wrong elements, and how many of the row's
+    runs (two per round) completed."""
+    return f"{wrong(docs) if docs else 'failed'} | {len(docs)} of {2 * rounds} |"
+
+
 def human(size):
     if size >= 1000000:
         return f"{round(size / 1048576)} MiB"
@@ -100,8 +106,7 @@ def loss_table(directory, rounds):
             ratios.append(f"{med(values) / base[c]:.2f}" if values and base[c] else "-")
         docs = runs.get((name, "allreduce"), []) + runs.get((name, "allgather"), [])
         out.append(f"| {label} | {span(small_t, '{:.0f}')} | {span(ar, '{:.3f}')} | "
-                   f"{span(ag, '{:.3f}')} | {' / '.join(ratios)} | {wrong(docs) if docs else 'failed'} "
-                   f"| {len(docs)} of {2 * rounds} |")
+                   f"{span(ag, '{:.3f}')} | {' / '.join(ratios)} | {outcome(docs, rounds)}")
     return "\n".join(out) + "\n"
 
 
@@ -125,8 +130,7 @@ def rails_table(directory, rounds):
             docs_all += docs
             for i in range(len(labels)):
                 cells.append(span([row(d, i)["busbw_gbs"] for d in docs if row(d, i)], "{:.3f}"))
-        out.append(f"| {rails} | " + " | ".join(cells) + f" | {wrong(docs_all) if docs_all else 'failed'} "
-                   f"| {len(docs_all)} of {2 * rounds} |")
+        out.append(f"| {rails} | " + " | ".join(cells) + f" | {outcome(docs_all, rounds)}")
     return "\n".join(out) + "\n"
 
 
