@@ -1,6 +1,8 @@
 #include "tools/perf_report.hpp"
 
 #include <unistd.h>
+#include <algorithm>
+#include <cstdlib>
 
 #include <cstdio>
 #include <ctime>
@@ -71,18 +73,26 @@ void plotCsv(const std::string& csvPath, const std::string& png) {
   }
   std::vector<std::string> order;
   std::map<std::string, std::map<std::string, std::vector<std::string>>>
-      series;  // key->place->rows
+      series;                          // key->place->rows
+  std::map<std::string, int> ranksOf;  // key -> world size
+  std::vector<int> worldSizes;         // one row of panels each, ascending
   while (std::getline(in, line)) {
     auto c = splitCsv(line);
     if (c.size() != 13 || c[5] == "0") continue;
     std::string key =
         fmt::format("{} {} ranks{}{}", c[0], c[1], c[4] == "auto" ? std::string() : " " + c[4],
                     c[12] == "1" ? " registered" : "");
-    if (!series.count(key)) order.push_back(key);
+    if (!series.count(key)) {
+      order.push_back(key);
+      ranksOf[key] = std::atoi(c[1].c_str());
+      if (std::find(worldSizes.begin(), worldSizes.end(), ranksOf[key]) == worldSizes.end())
+        worldSizes.push_back(ranksOf[key]);
+    }
     series[key][c[7]].push_back(fmt::format("{} {} {}", c[5], c[10], c[8]));
   }
   if (order.empty())
     throw Error(ErrorKind::InvalidArgument, fmt::format("{} has no rows", csvPath));
+  std::sort(worldSizes.begin(), worldSizes.end());
   std::string dataPath = png + ".dat", scriptPath = png + ".gp";
   {
     std::ofstream data(dataPath);
@@ -93,23 +103,34 @@ void plotCsv(const std::string& csvPath, const std::string& png) {
       for (const auto& r : rows) data << r << "\n";
       data << "\n\n";
     }
+    // One row of panels per world size (busbw | time), the legend under
+    // each panel rather than over its lines.
     std::ofstream gp(scriptPath);
-    gp << "set terminal pngcairo size 1400,560 font ',10' noenhanced\n"
+    gp << fmt::format("set terminal pngcairo size 1400,{} font ',10' noenhanced\n",
+                      std::max<size_t>(1, worldSizes.size()) * 520)
        << "set output '" << png << "'\n"
-       << "set multiplot layout 1,2 title 'rdmacc-perf'\n"
+       << fmt::format("set multiplot layout {},2 title 'rdmacc-perf'\n", worldSizes.size())
        << "set logscale x 2\nset format x '%.0b%B'\nset xlabel 'size (bytes)'\n"
-       << "set grid\nset key left top\nset ylabel 'busbw (GB/s)'\n";
-    auto plotAll = [&](int column) {
+       << "set grid\nset key below maxrows 4\n";
+    auto plotAll = [&](int ranks, int column) {
       gp << "plot ";
+      bool first = true;
       for (size_t i = 0; i < order.size(); ++i) {
-        gp << (i ? ", " : "") << "'" << dataPath << "' index " << i << " using 1:" << column
+        if (ranksOf[order[i]] != ranks) continue;
+        gp << (first ? "" : ", ") << "'" << dataPath << "' index " << i << " using 1:" << column
            << " with linespoints title '" << order[i] << "'";
+        first = false;
       }
       gp << "\n";
     };
-    plotAll(2);
-    gp << "set logscale y 10\nset ylabel 'time (us)'\n";
-    plotAll(3);
+    for (int ranks : worldSizes) {
+      gp << fmt::format("set title '{} ranks: bus bandwidth'\n", ranks)
+         << "unset logscale y\nset ylabel 'busbw (GB/s)'\n";
+      plotAll(ranks, 2);
+      gp << fmt::format("set title '{} ranks: time'\n", ranks)
+         << "set logscale y 10\nset ylabel 'time (us)'\n";
+      plotAll(ranks, 3);
+    }
     gp << "unset multiplot\n";
   }
   std::string command = fmt::format("gnuplot '{}' 2>&1", scriptPath);
