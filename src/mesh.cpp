@@ -435,6 +435,9 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
                                                  "of {}",
                                                  skip_.size(), size));
   }
+  for (int peer = 0; peer < size; ++peer) {
+    connectedPeers_ += peer != rank && !skip_[static_cast<size_t>(peer)];
+  }
   PrefixStore groupStore("rdmacc/mesh/" + options.group,
                          std::shared_ptr<Store>(&store, [](Store*) {}));
   auto connectTimeout = config.getDuration("RDMACC_CONNECT_TIMEOUT");
@@ -528,12 +531,6 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
 }
 
 Mesh::~Mesh() = default;
-
-int Mesh::connectedPeers() const noexcept {
-  int n = 0;
-  for (int peer = 0; peer < size_; ++peer) n += peer != rank_ && !skip_[static_cast<size_t>(peer)];
-  return n;
-}
 
 ibv_qp* Mesh::qp(int peer, int index) const {
   const auto& c = connections_.at(static_cast<size_t>(peer * qpsPerPeer_ + index));

@@ -40,7 +40,7 @@ class Mesh {
   int qpsPerPeer() const noexcept { return qpsPerPeer_; }
   // Whether this mesh connects to peer (MeshOptions::skip), and to how many.
   bool connects(int peer) const { return peer != rank_ && !skip_.at(static_cast<size_t>(peer)); }
-  int connectedPeers() const noexcept;
+  int connectedPeers() const noexcept { return connectedPeers_; }
   const Endpoint& endpoint() const noexcept { return endpoint_; }
   ibv_context* context() const noexcept { return context_.get(); }
   ibv_pd* pd() const noexcept { return pd_.get(); }
@@ -71,7 +71,8 @@ class Mesh {
   std::unique_ptr<verbs::CompletionQueue> cq_;
   std::unique_ptr<verbs::EventChannel> events_;  // before the ids created on it
   verbs::CmIdPtr listenId_;
-  std::vector<bool> skip_;                                // MeshOptions::skip, one entry per rank
+  std::vector<bool> skip_;  // MeshOptions::skip, one entry per rank
+  int connectedPeers_ = 0;  // ranks that are neither this one nor skipped
   std::vector<std::unique_ptr<Connection>> connections_;  // [peer * qpsPerPeer + index]
   std::vector<std::string> peerAddresses_;
 };
