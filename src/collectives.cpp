@@ -11,15 +11,15 @@ std::shared_ptr<Work> VerbsBackend::broadcast(std::vector<Tensor>& tensors,
   Tensor& t = single(tensors, "broadcast");
   int root = checkRoot(opts.rootRank, size_, "broadcast");
   if (opts.rootTensor != 0) invalid("broadcast: rootTensor must be 0 (one tensor per rank)");
-  Algorithm algo = s.choose(opts.algorithm, "broadcast", "RDMACC_ALGO_BROADCAST", t.bytes());
-  if (algo != Algorithm::Ring && algo != Algorithm::Tree)
-    invalid("broadcast has ring and tree algorithms only");
+  Algorithm algo = s.choose(opts.algorithm, "broadcast", t.bytes());
   auto op = s.collective(OpType::Broadcast, opts.timeout);
   op->schedule = s.scheduleFor(
       Impl::Shape{.type = OpType::Broadcast, .algorithm = algo, .root = root, .bytes = t.bytes()},
       [&] {
         return algo == Algorithm::Ring ? algorithms::chainBroadcast(rank_, size_, root, t.bytes())
-                                       : algorithms::treeBroadcast(rank_, size_, root, t.bytes());
+               : algo == Algorithm::Tree
+                   ? algorithms::treeBroadcast(rank_, size_, root, t.bytes())
+                   : algorithms::hierarchicalBroadcast(rank_, s.hosts, root, t.bytes());
       });
   op->sendBase = op->recvBase = bytesOf(t);
   op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(root),
@@ -88,10 +88,15 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
   int root = checkRoot(opts.rootRank, size_, "reduce");
   if (opts.rootTensor != 0) invalid("reduce: rootTensor must be 0 (one tensor per rank)");
   checkReduce(opts.reduceOp, t.dtype, opts.preMulFactor, "reduce");
+  const Algorithm algo = s.choose(opts.algorithm, "reduce", t.bytes());
   auto op = s.collective(OpType::Reduce, opts.timeout);
-  op->schedule =
-      s.scheduleFor(Impl::Shape{.type = OpType::Reduce, .root = root, .bytes = t.bytes()},
-                    [&] { return algorithms::treeReduce(rank_, size_, root, t.bytes()); });
+  op->schedule = s.scheduleFor(
+      Impl::Shape{.type = OpType::Reduce, .algorithm = algo, .root = root, .bytes = t.bytes()},
+      [&] {
+        return algo == Algorithm::Tree
+                   ? algorithms::treeReduce(rank_, size_, root, t.bytes())
+                   : algorithms::hierarchicalReduce(rank_, s.hosts, root, t.bytes());
+      });
   uint8_t* acc = bytesOf(t);
   if (rank_ != root) {  // non-roots keep their input: accumulate in scratch
     op->scratch.resize(t.bytes());
@@ -115,7 +120,8 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
   }
   op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(reduceOp),
                               static_cast<uint64_t>(dtype), static_cast<uint64_t>(root));
-  op->describe("{} x {}, {}, root {}", t.numel, toString(dtype), toString(reduceOp), root);
+  op->describe("{} x {}, {}, root {}, {}", t.numel, toString(dtype), toString(reduceOp), root,
+               toString(algo));
   return s.submit(std::move(op));
 }
 

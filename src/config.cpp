@@ -10,6 +10,7 @@
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "rdmacc/options.hpp"
 
 extern char** environ;
 
@@ -69,9 +70,14 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_TUNE_FILE", String, "", "",
     "tuning table written by rdmacc-tune: the algorithm per collective, world size and size (below RDMACC_ALGO_*)", 0, 0},
   OptionSpec{"RDMACC_ALGO_ALLREDUCE", String, "auto", "",
-    "allreduce algorithm: auto, ring (reduce-scatter + allgather), tree (binomial reduce + broadcast) or recursive_doubling (power-of-two groups)", 0, 0},
+    "allreduce algorithm: auto, ring (reduce-scatter + allgather), tree (binomial reduce + broadcast), recursive_doubling (power-of-two groups) "
+    "or hierarchical (inside each host, across hosts, inside each host again); auto takes hierarchical when some host runs several ranks of a group that spans hosts", 0, 0},
   OptionSpec{"RDMACC_ALGO_BROADCAST", String, "auto", "",
-    "broadcast algorithm: auto, ring (pipelined chain) or tree (pipelined binomial tree)", 0, 0},
+    "broadcast algorithm: auto, ring (pipelined chain), tree (pipelined binomial tree) or hierarchical (a binomial tree over hosts with one inside each host)", 0, 0},
+  OptionSpec{"RDMACC_ALGO_REDUCE", String, "auto", "",
+    "reduce algorithm: auto, tree (binomial) or hierarchical (a binomial tree over hosts with one inside each host)", 0, 0},
+  OptionSpec{"RDMACC_ALGO_BARRIER", String, "auto", "",
+    "barrier algorithm: auto, dissemination or hierarchical (arrive at each host's first rank, dissemination among those, release)", 0, 0},
   OptionSpec{"RDMACC_COLLECTIVES_IN_FLIGHT", Int, "8", "",
     "collectives the engine runs at once when the caller issues them without waiting: a later one starts "
     "while earlier ones run if none of them has packing copies and their buffers do not overlap; 1: one at a time", 1, 64},
@@ -128,6 +134,22 @@ size_t editDistance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
+// RDMACC_ALGO_<COLLECTIVE>: auto or one of that collective's algorithms.
+void checkAlgorithm(std::string_view name, const std::string& text) {
+  const std::string collective = lower(name.substr(std::string_view("RDMACC_ALGO_").size()));
+  std::string names = "auto";
+  for (Algorithm a : algorithmsOf(collective)) names += fmt::format(", {}", toString(a));
+  const auto chosen = algorithmNamed(text);
+  const auto allowed = algorithmsOf(collective);
+  if (chosen == Algorithm::Auto ||
+      (chosen && std::find(allowed.begin(), allowed.end(), *chosen) != allowed.end())) {
+    return;
+  }
+  throw Error(ErrorKind::InvalidArgument,
+              fmt::format("{}='{}' is not an algorithm of {}", name, text, collective),
+              fmt::format("set {} to one of: {}", name, names));
+}
+
 void validate(const OptionSpec& spec, const std::string& text) {
   switch (spec.type) {
     case Bool:
@@ -156,16 +178,7 @@ void validate(const OptionSpec& spec, const std::string& text) {
                       "set RDMACC_SPIN_US to auto (the default) or 0 to 10000000 microseconds");
         }
       }
-      if (spec.name.starts_with("RDMACC_ALGO_")) {
-        bool allreduce = spec.name == "RDMACC_ALGO_ALLREDUCE";
-        if (text != "auto" && text != "ring" && text != "tree" &&
-            !(allreduce && text == "recursive_doubling")) {
-          throw Error(ErrorKind::InvalidArgument,
-                      fmt::format("{}='{}' is not an algorithm", spec.name, text),
-                      fmt::format("set {} to auto, ring or tree{}", spec.name,
-                                  allreduce ? " (or recursive_doubling)" : ""));
-        }
-      }
+      if (spec.name.starts_with("RDMACC_ALGO_")) checkAlgorithm(spec.name, text);
       break;
     case Int: {
       int64_t v = parseInt(text, spec.name);

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -41,17 +43,17 @@ std::string hostIdentity(const std::string& override) {
                      link("/proc/self/ns/pid"));
 }
 
-std::vector<bool> sameHost(Store& store, const std::string& group, int rank, int size,
-                           const std::string& identity, const std::string& transport) {
+std::vector<int> hostNumbers(Store& store, const std::string& group, int rank, int size,
+                             const std::string& identity, const std::string& transport) {
   PrefixStore hosts("rdmacc/host/" + group, std::shared_ptr<Store>(&store, [](Store*) {}));
   // Line 1: what this rank speaks (the versions a mismatch error names);
   // line 2: its RDMACC_TRANSPORT; the rest: its host identity.
   const std::string mine = fmt::format("rdmacc {} protocol {}", version(), handshake::kVersion);
   hosts.set(fmt::format("{}", rank), toBytes(mine + "\n" + transport + "\n" + identity));
-  std::vector<bool> same(static_cast<size_t>(size), false);
+  std::vector<std::string> identities(static_cast<size_t>(size));
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) {
-      same[static_cast<size_t>(peer)] = true;
+      identities[static_cast<size_t>(peer)] = identity;
       continue;
     }
     const std::string text = toString(hosts.get(fmt::format("{}", peer)));
@@ -94,9 +96,14 @@ std::vector<bool> sameHost(Store& store, const std::string& group, int rank, int
                     .peerRank = peer,
                     .hint = "set RDMACC_TRANSPORT the same on every rank (or leave it at auto)"});
     }
-    same[static_cast<size_t>(peer)] = text.compare(second + 1, std::string::npos, identity) == 0;
+    identities[static_cast<size_t>(peer)] = text.substr(second + 1);
   }
-  return same;
+  std::vector<int> number(static_cast<size_t>(size));
+  std::map<std::string_view, int> seen;
+  for (size_t r = 0; r < identities.size(); ++r) {
+    number[r] = seen.emplace(identities[r], static_cast<int>(seen.size())).first->second;
+  }
+  return number;
 }
 
 }  // namespace rdmacc

@@ -17,14 +17,16 @@ namespace rdmacc {
 // of one machine are on several hosts).
 std::string hostIdentity(const std::string& override);
 
-// By rank: whether that rank has this rank's identity (this rank included).
+// By rank: the number of that rank's host, hosts numbered from 0 in order of
+// their lowest rank (ranks with equal identities share a number; this rank's
+// host is hostOf[rank]). The same on every rank: all read the same identities.
 // Publishes this rank's rdmacc and protocol versions, transport choice
 // (RDMACC_TRANSPORT) and identity under the group's name and waits for
 // every rank's; throws Error(Protocol) naming a rank whose protocol differs
 // (both versions in the message) and Error(InvalidArgument) naming a rank
 // whose transport choice differs (the ranks would wait for connections the
 // others never make).
-std::vector<bool> sameHost(Store& store, const std::string& group, int rank, int size,
-                           const std::string& identity, const std::string& transport);
+std::vector<int> hostNumbers(Store& store, const std::string& group, int rank, int size,
+                             const std::string& identity, const std::string& transport);
 
 }  // namespace rdmacc

@@ -20,7 +20,7 @@ namespace rdmacc {
 struct MeshOptions {
   std::string group = "default";  // store namespace: one mesh per group name
   // Peers this mesh does not connect (reached through shared memory): empty,
-  // or one entry per rank. Both sides of a pair must agree (sameHost does).
+  // or one entry per rank. Both sides of a pair must agree (hostNumbers does).
   std::vector<bool> skip;
 };
 

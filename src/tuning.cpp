@@ -17,25 +17,12 @@ namespace {
 
 constexpr size_t kMax = std::numeric_limits<size_t>::max();
 
-// The collectives a table may tune and the algorithms each may choose.
-struct Tunable {
-  std::string_view collective;
-  std::vector<Algorithm> algorithms;
-};
-const std::vector<Tunable>& tunables() {
-  static const std::vector<Tunable> table{
-      {"allreduce", {Algorithm::Ring, Algorithm::Tree, Algorithm::RecursiveDoubling}},
-      {"broadcast", {Algorithm::Ring, Algorithm::Tree}},
-      {"allgather", {Algorithm::Ring, Algorithm::Linear}},
-  };
-  return table;
-}
+// The collectives a table may tune (what rdmacc-tune measures); each may
+// choose any of its algorithms (algorithmsOf).
+constexpr std::string_view kTunable[] = {"allreduce", "broadcast", "allgather"};
 
-const Tunable* find(std::string_view collective) {
-  for (const Tunable& t : tunables()) {
-    if (t.collective == collective) return &t;
-  }
-  return nullptr;
+bool tunable(std::string_view collective) {
+  return std::find(std::begin(kTunable), std::end(kTunable), collective) != std::end(kTunable);
 }
 
 template <typename Items, typename Name>
@@ -64,10 +51,9 @@ TuningTable TuningTable::parse(std::string_view text, const std::string& origin)
     if (!(fields >> ranks >> upTo >> algorithm) || (fields >> extra)) {
       throw bad(fmt::format("expected 4 fields in '{}'", line));
     }
-    const Tunable* tunable = find(collective);
-    if (tunable == nullptr) {
+    if (!tunable(collective)) {
       throw bad(fmt::format("unknown collective '{}' ({})", collective,
-                            listOf(tunables(), [](const Tunable& t) { return t.collective; })));
+                            listOf(kTunable, [](std::string_view c) { return c; })));
     }
     Rule rule{.collective = collective};
     char* end = nullptr;
@@ -85,11 +71,12 @@ TuningTable TuningTable::parse(std::string_view text, const std::string& origin)
       rule.upTo = static_cast<size_t>(v);
     }
     auto names = [](Algorithm a) { return toString(a); };
-    auto it = std::find_if(tunable->algorithms.begin(), tunable->algorithms.end(),
+    const auto allowed = algorithmsOf(collective);
+    auto it = std::find_if(allowed.begin(), allowed.end(),
                            [&](Algorithm a) { return algorithm == toString(a); });
-    if (it == tunable->algorithms.end()) {
+    if (it == allowed.end()) {
       throw bad(fmt::format("unknown algorithm '{}' for {} ({})", algorithm, collective,
-                            listOf(tunable->algorithms, names)));
+                            listOf(allowed, names)));
     }
     rule.algorithm = *it;
     table.rules_.push_back(std::move(rule));

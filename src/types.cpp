@@ -117,8 +117,36 @@ const char* toString(Algorithm algorithm) noexcept {
       return "dissemination";
     case Algorithm::RecursiveDoubling:
       return "recursive_doubling";
+    case Algorithm::Hierarchical:
+      return "hierarchical";
   }
   return "?";
+}
+
+std::optional<Algorithm> algorithmNamed(std::string_view name) noexcept {
+  for (Algorithm a :
+       {Algorithm::Auto, Algorithm::Ring, Algorithm::Tree, Algorithm::Linear, Algorithm::Pairwise,
+        Algorithm::Dissemination, Algorithm::RecursiveDoubling, Algorithm::Hierarchical}) {
+    if (name == toString(a)) return a;
+  }
+  return std::nullopt;
+}
+
+std::span<const Algorithm> algorithmsOf(std::string_view collective) noexcept {
+  using A = Algorithm;
+  static constexpr A allreduce[] = {A::Ring, A::Tree, A::RecursiveDoubling, A::Hierarchical};
+  static constexpr A broadcast[] = {A::Ring, A::Tree, A::Hierarchical};
+  static constexpr A reduce[] = {A::Tree, A::Hierarchical};
+  static constexpr A barrier[] = {A::Dissemination, A::Hierarchical};
+  static constexpr A gathers[] = {A::Ring, A::Linear};  // allgather, reduce_scatter
+  static constexpr A alltoall[] = {A::Pairwise, A::Linear};
+  if (collective == "allreduce") return allreduce;
+  if (collective == "broadcast") return broadcast;
+  if (collective == "reduce") return reduce;
+  if (collective == "barrier") return barrier;
+  if (collective == "allgather" || collective == "reduce_scatter") return gathers;
+  if (collective == "alltoall") return alltoall;
+  return {};
 }
 
 const char* toString(OpType type) noexcept {

@@ -92,13 +92,15 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   // Shared memory to the ranks on this host, RDMA to the others
   // (RDMACC_TRANSPORT=auto); the mesh only when some peer needs RDMA.
   const std::string& transport = s.config.getString("RDMACC_TRANSPORT");
-  const auto local = sameHost(*s.store, options.groupName, rank, size,
-                              hostIdentity(s.config.getString("RDMACC_HOST_ID")), transport);
+  s.hosts =
+      algorithms::Hosts(hostNumbers(*s.store, options.groupName, rank, size,
+                                    hostIdentity(s.config.getString("RDMACC_HOST_ID")), transport));
   std::vector<bool> shm(static_cast<size_t>(size), false);
   std::vector<int> remote;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    shm[static_cast<size_t>(peer)] = transport != "rdma" && local[static_cast<size_t>(peer)];
+    shm[static_cast<size_t>(peer)] =
+        transport != "rdma" && s.hosts.host(peer) == s.hosts.host(rank);
     if (!shm[static_cast<size_t>(peer)]) remote.push_back(peer);
   }
   if (transport == "shm" && !remote.empty()) {
@@ -130,8 +132,9 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
       // Exactly [ptr, ptr + bytes): with whole pages, the heap bytes next to a
       // registered tensor would be remotely writable too.
       s.config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);
-  const bool yield = spinYield(s.config.getString("RDMACC_SPIN_YIELD"),
-                               static_cast<int>(std::count(local.begin(), local.end(), true)));
+  const bool yield =
+      spinYield(s.config.getString("RDMACC_SPIN_YIELD"),
+                static_cast<int>(s.hosts.members[static_cast<size_t>(s.hosts.host(rank))].size()));
   const auto spins = spinTimes(s.config.getString("RDMACC_SPIN_US"), yield);
   s.engine = std::make_unique<Engine>(
       s.mesh.get(), *s.store,
@@ -171,9 +174,13 @@ size_t VerbsBackend::chunkBytes() const noexcept {
 
 std::shared_ptr<Work> VerbsBackend::barrier(const BarrierOptions& opts) {
   Impl& s = *impl_;
+  const Algorithm algo = s.choose(opts.algorithm, "barrier", 0);
   auto op = s.collective(OpType::Barrier, opts.timeout);
-  op->schedule = s.scheduleFor(Impl::Shape{.type = OpType::Barrier},
-                               [&] { return algorithms::disseminationBarrier(rank_, size_); });
+  op->schedule = s.scheduleFor(Impl::Shape{.type = OpType::Barrier, .algorithm = algo}, [&] {
+    return algo == Algorithm::Hierarchical ? algorithms::hierarchicalBarrier(rank_, s.hosts)
+                                           : algorithms::disseminationBarrier(rank_, size_);
+  });
+  op->describe("{}", toString(algo));
   return s.submit(std::move(op));
 }
 

@@ -83,6 +83,7 @@ struct VerbsBackend::Impl {
   std::chrono::milliseconds defaultTimeout;
   size_t treeMaxBytes;
   TuningTable tuning;
+  algorithms::Hosts hosts;  // which ranks share a host: hierarchical algorithms
   std::string group;
   std::unique_ptr<Mesh> mesh;
   std::unique_ptr<RegistrationCache> registrations;    // after the mesh (its PD)
@@ -144,22 +145,48 @@ struct VerbsBackend::Impl {
     return t.count() < 0 ? defaultTimeout : t;
   }
 
-  // The call's choice, else RDMACC_ALGO_<OP>, else the tuning table
-  // (RDMACC_TUNE_FILE), else trees up to RDMACC_TREE_MAX_BYTES.
-  Algorithm choose(Algorithm requested, const char* collective, const char* envName,
-                   size_t bytes) const {
-    if (requested != Algorithm::Auto) return requested;
-    const std::string& env = config.getString(envName);
-    if (env == "ring") return Algorithm::Ring;
-    if (env == "tree") return Algorithm::Tree;
-    if (env == "recursive_doubling" && std::string_view(collective) == "allreduce") {
-      return Algorithm::RecursiveDoubling;
+  // The call's choice, else RDMACC_ALGO_<OP> (validated by Config), else
+  // the tuning table (RDMACC_TUNE_FILE), else by topology and size:
+  // hierarchical when some host runs several ranks of a group that spans
+  // hosts, trees up to RDMACC_TREE_MAX_BYTES otherwise. `collective` is
+  // allreduce, broadcast, reduce or barrier; the choice must be one of its
+  // algorithms.
+  Algorithm choose(Algorithm requested, std::string_view collective, size_t bytes) const {
+    Algorithm algo = requested;
+    if (algo == Algorithm::Auto) {
+      const char* env = collective == "allreduce"   ? "RDMACC_ALGO_ALLREDUCE"
+                        : collective == "broadcast" ? "RDMACC_ALGO_BROADCAST"
+                        : collective == "reduce"    ? "RDMACC_ALGO_REDUCE"
+                                                    : "RDMACC_ALGO_BARRIER";
+      algo = algorithmNamed(config.getString(env)).value_or(Algorithm::Auto);
     }
-    if (auto tuned = tuning.lookup(collective, size, bytes)) return *tuned;
+    if (algo == Algorithm::Auto) {
+      if (auto tuned = tuning.lookup(collective, size, bytes)) algo = *tuned;
+    }
+    if (algo == Algorithm::Auto) algo = automatic(collective, bytes);
+    const auto allowed = algorithmsOf(collective);
+    if (std::find(allowed.begin(), allowed.end(), algo) == allowed.end()) {
+      std::string names;
+      for (Algorithm a : allowed)
+        names += fmt::format("{}{}", names.empty() ? "" : ", ", toString(a));
+      invalid(fmt::format("{} has no {} algorithm", collective, toString(algo)),
+              fmt::format("use auto, {}", names));
+    }
+    if (algo == Algorithm::RecursiveDoubling && !algorithms::isPowerOfTwo(size)) {
+      invalid(fmt::format("recursive doubling needs a power-of-two group, not {} ranks", size),
+              "use ring or tree (or auto) for this group");
+    }
+    return algo;
+  }
+
+  Algorithm automatic(std::string_view collective, size_t bytes) const {
+    if (hosts.layered()) return Algorithm::Hierarchical;
+    if (collective == "barrier") return Algorithm::Dissemination;
+    if (collective == "reduce") return Algorithm::Tree;
     if (bytes > treeMaxBytes) return Algorithm::Ring;
     // Small allreduces in power-of-two groups: log2 n exchanges instead of a
     // tree's 2 log2 n hops.
-    return std::string_view(collective) == "allreduce" && size > 1 && algorithms::isPowerOfTwo(size)
+    return collective == "allreduce" && size > 1 && algorithms::isPowerOfTwo(size)
                ? Algorithm::RecursiveDoubling
                : Algorithm::Tree;
   }
@@ -281,16 +308,7 @@ struct VerbsBackend::Impl {
                       double factor, Algorithm algorithm) {
     size_t es = elementSize(dtype);
     size_t bytes = count * es;
-    Algorithm algo = choose(algorithm, "allreduce", "RDMACC_ALGO_ALLREDUCE", bytes);
-    if (algo != Algorithm::Ring && algo != Algorithm::Tree &&
-        algo != Algorithm::RecursiveDoubling) {
-      invalid(fmt::format("allreduce has no {} algorithm", toString(algo)),
-              "use ring, tree or recursive_doubling");
-    }
-    if (algo == Algorithm::RecursiveDoubling && !algorithms::isPowerOfTwo(size)) {
-      invalid(fmt::format("recursive doubling needs a power-of-two group, not {} ranks", size),
-              "use ring or tree (or auto) for this group");
-    }
+    Algorithm algo = choose(algorithm, "allreduce", bytes);
     bool avg = reduceOp == ReduceOp::Avg;
     op.schedule = scheduleFor(
         Shape{.type = OpType::Allreduce,
@@ -299,11 +317,17 @@ struct VerbsBackend::Impl {
               .elementSize = es,
               .avg = avg},
         [&] {
-          return algo == Algorithm::Ring
-                     ? algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg)
-                 : algo == Algorithm::Tree
-                     ? algorithms::treeAllreduce(rank, size, bytes, avg)
-                     : algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
+          switch (algo) {
+            case Algorithm::Ring:
+              return algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg);
+            case Algorithm::Tree:
+              return algorithms::treeAllreduce(rank, size, bytes, avg);
+            case Algorithm::Hierarchical:  // split the data over every rank when bandwidth-bound
+              return algorithms::hierarchicalAllreduce(rank, hosts, count, es, avg,
+                                                       bytes > treeMaxBytes);
+            default:
+              return algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
+          }
         });
     op.sendBase = op.recvBase = data;
     op.dtype = dtype;

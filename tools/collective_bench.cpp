@@ -102,7 +102,9 @@ class CollectiveBench::Impl {
     }
     if (c == "reduce") {
       std::vector<Tensor> t{buf().tensor()};
-      return backend_->reduce(t, ReduceOptions{.reduceOp = args_.op, .rootRank = args_.root});
+      return backend_->reduce(
+          t, ReduceOptions{
+                 .reduceOp = args_.op, .rootRank = args_.root, .algorithm = args_.algorithm});
     }
     if (c == "allgather") {
       Tensor out = outBuf().tensor();
@@ -142,7 +144,7 @@ class CollectiveBench::Impl {
       backend_->send(s, right, 0);
       return recv;
     }
-    return backend_->barrier();
+    return backend_->barrier(BarrierOptions{.algorithm = args_.algorithm});
   }
 
   void prepare(size_t count) {

@@ -57,12 +57,10 @@ DataType parseType(const std::string& s) {
 }
 
 Algorithm parseAlgorithm(const std::string& s) {
-  for (Algorithm a : {Algorithm::Auto, Algorithm::Ring, Algorithm::Tree, Algorithm::Linear,
-                      Algorithm::Pairwise, Algorithm::RecursiveDoubling}) {
-    if (s == toString(a)) return a;
-  }
+  if (auto a = algorithmNamed(s)) return *a;
   throw Error(ErrorKind::InvalidArgument, fmt::format("-a {} is not an algorithm", s),
-              "use auto, ring, tree, recursive_doubling, linear or pairwise");
+              "use auto, ring, tree, recursive_doubling, hierarchical, linear, pairwise or "
+              "dissemination");
 }
 
 ReduceOp parseOp(const std::string& s) {

@@ -3,7 +3,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 
 #include "rdmacc/types.hpp"
 
@@ -12,15 +15,33 @@ namespace rdmacc {
 // A timeout of kUseDefaultTimeout means the backend's (RDMACC_TIMEOUT).
 inline constexpr std::chrono::milliseconds kUseDefaultTimeout{-1};
 
-// Algorithm override for one call; Auto picks by size and world size.
-enum class Algorithm { Auto, Ring, Tree, Linear, Pairwise, Dissemination, RecursiveDoubling };
+// Algorithm override for one call; Auto picks by size, world size and, for
+// Hierarchical, by how the ranks spread over hosts.
+enum class Algorithm {
+  Auto,
+  Ring,
+  Tree,
+  Linear,
+  Pairwise,
+  Dissemination,
+  RecursiveDoubling,
+  // Through each host (shared memory), then across hosts, then inside each
+  // host again (allreduce, broadcast, reduce, barrier).
+  Hierarchical,
+};
 const char* toString(Algorithm algorithm) noexcept;
+// The algorithm called `name` ("ring", "hierarchical", ...), if there is one.
+std::optional<Algorithm> algorithmNamed(std::string_view name) noexcept;
+// The algorithms a collective may be asked for ("allreduce", "broadcast",
+// "reduce", "barrier", "allgather", "reduce_scatter", "alltoall"), Auto
+// aside; empty for other names.
+std::span<const Algorithm> algorithmsOf(std::string_view collective) noexcept;
 
 struct BroadcastOptions {
   int64_t rootRank = 0;
   int64_t rootTensor = 0;
   std::chrono::milliseconds timeout = kUseDefaultTimeout;
-  Algorithm algorithm = Algorithm::Auto;  // Ring (chain), Tree (binomial)
+  Algorithm algorithm = Algorithm::Auto;  // Ring (chain), Tree (binomial), Hierarchical
 };
 
 struct AllreduceOptions {
@@ -28,7 +49,8 @@ struct AllreduceOptions {
   double preMulFactor = 1.0;  // PreMulSum: every input is multiplied by it first
   std::chrono::milliseconds timeout = kUseDefaultTimeout;
   // Ring (reduce-scatter + allgather), Tree (reduce + broadcast),
-  // RecursiveDoubling (log2 n pairwise exchanges; power-of-two groups)
+  // RecursiveDoubling (log2 n pairwise exchanges; power-of-two groups),
+  // Hierarchical (inside hosts, across hosts, inside hosts)
   Algorithm algorithm = Algorithm::Auto;
 };
 
@@ -40,7 +62,7 @@ struct ReduceOptions {
   int64_t rootRank = 0;
   int64_t rootTensor = 0;
   std::chrono::milliseconds timeout = kUseDefaultTimeout;
-  Algorithm algorithm = Algorithm::Auto;  // Tree (binomial)
+  Algorithm algorithm = Algorithm::Auto;  // Tree (binomial), Hierarchical
 };
 
 struct AllgatherOptions {
@@ -79,6 +101,7 @@ struct AllToAllOptions {
 
 struct BarrierOptions {
   std::chrono::milliseconds timeout = kUseDefaultTimeout;
+  Algorithm algorithm = Algorithm::Auto;  // Dissemination, Hierarchical
 };
 
 }  // namespace rdmacc

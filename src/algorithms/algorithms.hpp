@@ -58,4 +58,38 @@ Schedule linearAlltoall(int rank, int size, const std::vector<Range>& sendBlocks
 // dissemination_barrier.cpp: ceil(log2 n) rounds of zero-byte messages.
 Schedule disseminationBarrier(int rank, int size);
 
+// The group's ranks by host (the same on every rank): host h's ranks in
+// ascending order, hosts numbered from 0 in order of their lowest rank.
+struct Hosts {
+  Hosts() = default;
+  explicit Hosts(std::vector<int> hostOfRank);  // throws std::invalid_argument if misnumbered
+  static Hosts single(int size);                // every rank on one host
+  std::vector<int> hostOf;                      // by rank
+  std::vector<std::vector<int>> members;        // by host
+  int size() const { return static_cast<int>(hostOf.size()); }
+  int count() const { return static_cast<int>(members.size()); }
+  int host(int rank) const { return hostOf[static_cast<size_t>(rank)]; }
+  int localIndex(int rank) const;
+  size_t largest() const;  // ranks on the most populated host
+  bool uniform() const;    // every host has as many ranks
+  // Whether a hierarchy differs from the flat group: several hosts, one of
+  // them with several ranks.
+  bool layered() const { return count() > 1 && largest() > 1; }
+};
+
+// hierarchical.cpp: through each host, then across hosts (see there).
+// Allreduce: with `split` and the same number of ranks L on every host,
+// reduce-scatter inside hosts, L concurrent ring allreduces across hosts
+// (one per local index, each over 1/L of the data), allgather inside hosts;
+// otherwise reduce to one leader per host, allreduce among the leaders
+// (ring with `split`, else recursive doubling or tree), broadcast inside.
+Schedule hierarchicalAllreduce(int rank, const Hosts& hosts, size_t count, size_t elementSize,
+                               bool finalize, bool split);
+// One pipelined tree: a binomial tree over the hosts' leaders (`root` leads
+// its host) with a binomial tree over each host's ranks below its leader.
+Schedule hierarchicalBroadcast(int rank, const Hosts& hosts, int root, size_t bytes);
+Schedule hierarchicalReduce(int rank, const Hosts& hosts, int root, size_t bytes);
+// Arrive at the host's leader, dissemination among leaders, release.
+Schedule hierarchicalBarrier(int rank, const Hosts& hosts);
+
 }  // namespace rdmacc::algorithms

@@ -213,9 +213,11 @@ std::string name(DataType t, ReduceOp op, size_t n, Algorithm a) {
 
 // -------------------------------------------------------------- allreduce --
 
-// Recursive doubling needs a power-of-two group.
+// Recursive doubling needs a power-of-two group. Hierarchical is one tree
+// when every rank shares a host, the flat group's shape with one rank per
+// host, and layered in mixed groups (device.collectives.*.mixed, the cluster).
 std::vector<Algorithm> allreduceAlgorithms() {
-  std::vector<Algorithm> out{Algorithm::Ring, Algorithm::Tree};
+  std::vector<Algorithm> out{Algorithm::Ring, Algorithm::Tree, Algorithm::Hierarchical};
   if ((N & (N - 1)) == 0) out.push_back(Algorithm::RecursiveDoubling);
   return out;
 }
@@ -318,7 +320,7 @@ TEST(Collectives, BroadcastEveryTypeRootAndAlgorithm) {
   for (DataType t : kTypes) {
     for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
       for (int root : {0, N - 1}) {
-        for (Algorithm a : {Algorithm::Ring, Algorithm::Tree}) {
+        for (Algorithm a : {Algorithm::Ring, Algorithm::Tree, Algorithm::Hierarchical}) {
           ++c;
           Buffer b = R == root ? contribution(t, ReduceOp::Sum, n, root, c) : Buffer(t, n);
           std::vector<Tensor> ts{b.tensor()};
@@ -337,18 +339,23 @@ TEST(Collectives, ReduceEveryTypeOpAndRoot) {
       if (!supports(op, t)) continue;
       for (size_t n : {size_t{0}, size_t{7}, size_t{4099}}) {
         for (int root : {0, N - 1}) {
-          ++c;
-          Buffer b = contribution(t, op, n, R, c);
-          Buffer before = b;
-          std::vector<Tensor> ts{b.tensor()};
-          gBackend
-              ->reduce(ts, ReduceOptions{.reduceOp = op, .preMulFactor = kFactor, .rootRank = root})
-              ->wait();
-          if (R == root) {
-            expectReduced(b, op, 0, n, c,
-                          fmt::format("reduce root {} {}", root, name(t, op, n, Algorithm::Tree)));
-          } else {
-            EXPECT_EQ(b.bytes, before.bytes) << "reduce changed a non-root input";
+          for (Algorithm a : {Algorithm::Tree, Algorithm::Hierarchical}) {
+            ++c;
+            Buffer b = contribution(t, op, n, R, c);
+            Buffer before = b;
+            std::vector<Tensor> ts{b.tensor()};
+            gBackend
+                ->reduce(
+                    ts,
+                    ReduceOptions{
+                        .reduceOp = op, .preMulFactor = kFactor, .rootRank = root, .algorithm = a})
+                ->wait();
+            if (R == root) {
+              expectReduced(b, op, 0, n, c,
+                            fmt::format("reduce root {} {}", root, name(t, op, n, a)));
+            } else {
+              EXPECT_EQ(b.bytes, before.bytes) << "reduce changed a non-root input";
+            }
           }
         }
       }
@@ -656,7 +663,9 @@ TEST(PointToPoint, RecvAnysourceReportsTheSource) {
 // ----------------------------------------------------- barriers, sequence --
 
 TEST(Collectives, BarrierSequenceAndMonitoredBarrier) {
-  for (int i = 0; i < 5; ++i) gBackend->barrier()->wait();
+  for (Algorithm a : {Algorithm::Auto, Algorithm::Dissemination, Algorithm::Hierarchical}) {
+    for (int i = 0; i < 5; ++i) gBackend->barrier(BarrierOptions{.algorithm = a})->wait();
+  }
   gBackend->setSequenceNumberForGroup();
   uint64_t before = gBackend->getSequenceNumberForGroup();
   gBackend->barrier()->wait();

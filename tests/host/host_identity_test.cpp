@@ -16,11 +16,11 @@ namespace rdmacc {
 namespace {
 
 // What rank 1 of group "g" published, as another build would.
-std::string sameHostError(const std::string& published) {
+std::string hostNumbersError(const std::string& published) {
   HashStore store;
   store.set("rdmacc/host/g/1", toBytes(published));
   try {
-    sameHost(store, "g", 0, 2, "host-a", "auto");
+    hostNumbers(store, "g", 0, 2, "host-a", "auto");
   } catch (const Error& e) {
     return e.what();
   }
@@ -35,11 +35,21 @@ TEST(HostIdentity, RanksWithTheSameIdentityShareAHost) {
   HashStore store;
   store.set("rdmacc/host/g/1", toBytes(mine() + "\nauto\nhost-a"));
   store.set("rdmacc/host/g/2", toBytes(mine() + "\nauto\nhost-b"));
-  EXPECT_EQ(sameHost(store, "g", 0, 3, "host-a", "auto"), (std::vector<bool>{true, true, false}));
+  EXPECT_EQ(hostNumbers(store, "g", 0, 3, "host-a", "auto"), (std::vector<int>{0, 0, 1}));
+}
+
+// Every rank numbers the hosts alike (by their lowest rank), whichever it is.
+TEST(HostIdentity, HostsAreNumberedByTheirLowestRank) {
+  HashStore store;
+  for (int r : {0, 2, 3}) {
+    store.set(fmt::format("rdmacc/host/g/{}", r),
+              toBytes(mine() + "\nauto\n" + (r == 3 ? "host-c" : "host-b")));
+  }
+  EXPECT_EQ(hostNumbers(store, "g", 1, 4, "host-a", "auto"), (std::vector<int>{0, 1, 0, 2}));
 }
 
 TEST(HostIdentity, AnotherProtocolIsRefusedNamingBothVersions) {
-  const std::string error = sameHostError("rdmacc 9.1.0 protocol 77\nauto\nhost-a");
+  const std::string error = hostNumbersError("rdmacc 9.1.0 protocol 77\nauto\nhost-a");
   EXPECT_NE(error.find("rank 1 runs rdmacc 9.1.0 protocol 77, this rank " + mine()),
             std::string::npos)
       << error;
@@ -48,7 +58,7 @@ TEST(HostIdentity, AnotherProtocolIsRefusedNamingBothVersions) {
 
 TEST(HostIdentity, ABuildThatStatesNoVersionIsRefused) {
   // What rdmacc 0.1.0 before this change published: "<transport>\n<identity>".
-  const std::string error = sameHostError("auto\nhost-a");
+  const std::string error = hostNumbersError("auto\nhost-a");
   EXPECT_NE(error.find("rank 1 runs an rdmacc that does not state its version (it wrote 'auto')"),
             std::string::npos)
       << error;
@@ -58,17 +68,17 @@ TEST(HostIdentity, AnotherReleaseWithTheSameProtocolIsAccepted) {
   HashStore store;
   store.set("rdmacc/host/g/1",
             toBytes(fmt::format("rdmacc 0.0.9 protocol {}\nauto\nhost-a", handshake::kVersion)));
-  EXPECT_EQ(sameHost(store, "g", 0, 2, "host-a", "auto"), (std::vector<bool>{true, true}));
+  EXPECT_EQ(hostNumbers(store, "g", 0, 2, "host-a", "auto"), (std::vector<int>{0, 0}));
 }
 
 TEST(HostIdentity, HostileTextIsQuotedBounded) {
-  const std::string error = sameHostError(std::string(100000, 'x'));
+  const std::string error = hostNumbersError(std::string(100000, 'x'));
   EXPECT_LT(error.size(), 600u) << error.substr(0, 200);
   EXPECT_NE(error.find("does not state its version"), std::string::npos);
 }
 
 TEST(HostIdentity, ADifferentTransportChoiceIsRefused) {
-  const std::string error = sameHostError(mine() + "\nrdma\nhost-a");
+  const std::string error = hostNumbersError(mine() + "\nrdma\nhost-a");
   EXPECT_NE(error.find("rank 1 uses RDMACC_TRANSPORT=rdma, this rank auto"), std::string::npos)
       << error;
 }

@@ -27,14 +27,26 @@ struct Rank {
 };
 
 // Element-wise sum of uint8 (wrapping) stands for any reduction.
-void simulate(std::vector<Rank>& ranks) {
+// With `mustFinish` false, stuck ranks and unread messages are the caller's
+// to check (a barrier missing a rank).
+void simulate(std::vector<Rank>& ranks, bool mustFinish = true) {
   const int n = static_cast<int>(ranks.size());
-  std::map<std::pair<int, int>, std::deque<Bytes>> wires;
-  for (auto& r : ranks) {
-    if (!r.schedule.empty()) {
-      r.sent.assign(r.schedule[0].sends.size(), false);
-      r.received.assign(r.schedule[0].recvs.size(), false);
+  // Each message carries its sender's step: the engine matches on it, so
+  // the receiver must be at the same step.
+  std::map<std::pair<int, int>, std::deque<std::pair<size_t, Bytes>>> wires;
+  // Finalisation adds 0x40 to each byte it covers when its step starts, so
+  // a test sees whether an element was finished once, twice or never.
+  auto enter = [](Rank& r) {
+    if (r.step >= r.schedule.size()) return;
+    r.sent.assign(r.schedule[r.step].sends.size(), false);
+    r.received.assign(r.schedule[r.step].recvs.size(), false);
+    for (const Range& f : r.schedule[r.step].finalize) {
+      for (size_t b = 0; b < f.bytes; ++b)
+        r.recvBuf[f.offset + b] = static_cast<uint8_t>(r.recvBuf[f.offset + b] + 0x40);
     }
+  };
+  for (auto& r : ranks) {
+    enter(r);
     for (const auto& s : r.schedule) {
       std::set<int> from;
       for (const auto& recv : s.recvs)
@@ -55,8 +67,10 @@ void simulate(std::vector<Rank>& ranks) {
             continue;
           auto& q = wires[{s.recvs[j].peer, me}];
           if (q.empty()) continue;
-          Bytes msg = q.front();
+          auto [sentAt, msg] = q.front();
           q.pop_front();
+          ASSERT_EQ(sentAt, r.step) << "rank " << me << " got a message of step " << sentAt
+                                    << " from rank " << s.recvs[j].peer << " in step " << r.step;
           ASSERT_EQ(msg.size(), s.recvs[j].range.bytes) << "rank " << me << " step " << r.step;
           for (size_t b = 0; b < msg.size(); ++b) {
             uint8_t& dst = r.recvBuf[s.recvs[j].range.offset + b];
@@ -72,27 +86,22 @@ void simulate(std::vector<Rank>& ranks) {
           if (!ready) continue;
           const Range& range = s.sends[i].range;
           Bytes& src = r.send();
-          wires[{me, s.sends[i].peer}].push_back(
-              Bytes(src.begin() + static_cast<ptrdiff_t>(range.offset),
-                    src.begin() + static_cast<ptrdiff_t>(range.offset + range.bytes)));
+          wires[{me, s.sends[i].peer}].emplace_back(
+              r.step, Bytes(src.begin() + static_cast<ptrdiff_t>(range.offset),
+                            src.begin() + static_cast<ptrdiff_t>(range.offset + range.bytes)));
           r.sent[i] = true;
           progress = true;
         }
         bool done = std::all_of(r.sent.begin(), r.sent.end(), [](bool b) { return b; }) &&
                     std::all_of(r.received.begin(), r.received.end(), [](bool b) { return b; });
         if (!done) break;
-        if (++r.step < r.schedule.size()) {
-          r.sent.assign(r.schedule[r.step].sends.size(), false);
-          r.received.assign(r.schedule[r.step].recvs.size(), false);
-          // finalize ranges are marked by setting the high bit, to check who finalises what
-          for (const Range& f : r.schedule[r.step].finalize) {
-            for (size_t b = 0; b < f.bytes; ++b) r.recvBuf[f.offset + b] |= 0x80;
-          }
-        }
+        ++r.step;
+        enter(r);
         progress = true;
       }
     }
   }
+  if (!mustFinish) return;
   for (int me = 0; me < n; ++me) {
     EXPECT_EQ(ranks[static_cast<size_t>(me)].step, ranks[static_cast<size_t>(me)].schedule.size())
         << "rank " << me << " is stuck (deadlock)";
@@ -358,6 +367,162 @@ TEST(RecursiveDoubling, SumsEverywhereInLog2Steps) {
   EXPECT_EQ(s.back().finalize, (std::vector<Range>{Range{0, 8}}));
   EXPECT_TRUE(algorithms::isPowerOfTwo(8));
   EXPECT_FALSE(algorithms::isPowerOfTwo(6));
+}
+
+// ------------------------------------------------------------ hierarchical --
+
+// Host maps: contiguous, interleaved, uneven, one host, one rank per host.
+const std::vector<std::vector<int>>& hostMaps() {
+  static const std::vector<std::vector<int>> maps{{0, 0, 1, 1},
+                                                  {0, 1, 0, 1},
+                                                  {0, 0, 0, 1, 1},
+                                                  {0, 1, 2, 0, 1, 2},
+                                                  {0, 0, 0, 0},
+                                                  {0, 1, 2},
+                                                  {0},
+                                                  {0, 1, 1, 1, 1, 0, 2},
+                                                  {0, 0, 1, 1, 2, 2},
+                                                  {0, 1, 2, 3, 0, 1, 2, 3}};
+  return maps;
+}
+
+std::string describe(const std::vector<int>& map) {
+  std::string out;
+  for (int h : map) out += std::to_string(h);
+  return "hosts " + out;
+}
+
+TEST(Hierarchical, HostsNumberRanksByHost) {
+  algorithms::Hosts h({0, 1, 0, 2, 1});
+  EXPECT_EQ(h.count(), 3);
+  EXPECT_EQ(h.members[0], (std::vector<int>{0, 2}));
+  EXPECT_EQ(h.localIndex(4), 1);
+  EXPECT_EQ(h.largest(), 2u);
+  EXPECT_FALSE(h.uniform());
+  EXPECT_TRUE(h.layered());
+  EXPECT_FALSE(algorithms::Hosts({0, 1, 2}).layered());
+  EXPECT_FALSE(algorithms::Hosts::single(4).layered());
+  EXPECT_THROW(algorithms::Hosts({1, 0}), std::invalid_argument);
+  EXPECT_THROW(algorithms::Hosts({0, 2, 1}), std::invalid_argument);
+}
+
+TEST(Hierarchical, AllreduceSumsEverywhereAndFinalisesEachElementOnce) {
+  for (const auto& map : hostMaps()) {
+    const algorithms::Hosts hosts(map);
+    const int n = hosts.size();
+    for (bool split : {false, true}) {
+      for (bool finalize : {false, true}) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{17}, size_t{64}}) {
+          std::vector<Rank> ranks(static_cast<size_t>(n));
+          for (int r = 0; r < n; ++r) {
+            auto& x = ranks[static_cast<size_t>(r)];
+            x.schedule = algorithms::hierarchicalAllreduce(r, hosts, count, 1, finalize, split);
+            x.recvBuf.resize(count);
+            for (size_t i = 0; i < count; ++i) x.recvBuf[i] = v(r, i);
+          }
+          SCOPED_TRACE(describe(map) + (split ? " split" : " one leader") +
+                       (finalize ? " finalize" : "") + " count " + std::to_string(count));
+          simulate(ranks);
+          for (size_t i = 0; i < count; ++i) {
+            uint8_t want = finalize ? 0x40 : 0;
+            for (int r = 0; r < n; ++r) want = static_cast<uint8_t>(want + v(r, i));
+            for (int r = 0; r < n; ++r)
+              ASSERT_EQ(ranks[static_cast<size_t>(r)].recvBuf[i], want)
+                  << "rank " << r << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Across hosts the split form sends each byte over the network once per
+// ring (every rank a share), the one-leader form only from leaders.
+TEST(Hierarchical, OnlyLeadersCrossHostsWithOneLeader) {
+  const algorithms::Hosts hosts({0, 0, 1, 1, 2, 2});
+  for (int r = 0; r < hosts.size(); ++r) {
+    int crossing = 0;
+    for (const Step& s : algorithms::hierarchicalAllreduce(r, hosts, 60, 1, false, false)) {
+      for (const auto& send : s.sends) crossing += hosts.host(send.peer) != hosts.host(r);
+    }
+    const bool leader = hosts.localIndex(r) == 0;
+    EXPECT_EQ(crossing > 0, leader) << "rank " << r;
+  }
+  // Split: reduce-scatter (1 step), ring over 3 hosts (4 steps), allgather (1).
+  EXPECT_EQ(algorithms::hierarchicalAllreduce(1, hosts, 60, 1, false, true).size(), 6u);
+}
+
+TEST(Hierarchical, BroadcastAndReduceFromEveryRoot) {
+  for (const auto& map : hostMaps()) {
+    const algorithms::Hosts hosts(map);
+    const int n = hosts.size();
+    for (int root = 0; root < n; ++root) {
+      SCOPED_TRACE(describe(map) + " root " + std::to_string(root));
+      const size_t count = 9;
+      std::vector<Rank> b(static_cast<size_t>(n)), red(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        auto& x = b[static_cast<size_t>(r)];
+        x.schedule = algorithms::hierarchicalBroadcast(r, hosts, root, count);
+        EXPECT_LE(x.schedule.size(), 1u);
+        x.recvBuf.assign(count, 0);
+        if (r == root)
+          for (size_t i = 0; i < count; ++i) x.recvBuf[i] = v(root, i);
+        auto& y = red[static_cast<size_t>(r)];
+        y.schedule = algorithms::hierarchicalReduce(r, hosts, root, count);
+        y.recvBuf.resize(count);
+        for (size_t i = 0; i < count; ++i) y.recvBuf[i] = v(r, i);
+        // At most one receive from, and one send to, another host per rank
+        // and step ... and only leaders (the root leads its host) cross.
+        for (const Step& s : y.schedule) {
+          int crossing = 0;
+          for (const auto& send : s.sends) crossing += hosts.host(send.peer) != hosts.host(r);
+          EXPECT_LE(crossing, 1);
+        }
+      }
+      simulate(b);
+      simulate(red);
+      uint8_t sum = 0;
+      for (int r = 0; r < n; ++r) sum = static_cast<uint8_t>(sum + v(r, 0));
+      EXPECT_EQ(red[static_cast<size_t>(root)].recvBuf[0], sum);
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(b[static_cast<size_t>(r)].recvBuf[i], v(root, i)) << "rank " << r;
+      }
+    }
+  }
+}
+
+TEST(Hierarchical, BarrierCompletesAndOnlyLeadersCross) {
+  for (const auto& map : hostMaps()) {
+    const algorithms::Hosts hosts(map);
+    std::vector<Rank> ranks(static_cast<size_t>(hosts.size()));
+    for (int r = 0; r < hosts.size(); ++r) {
+      ranks[static_cast<size_t>(r)].schedule = algorithms::hierarchicalBarrier(r, hosts);
+      for (const Step& s : ranks[static_cast<size_t>(r)].schedule) {
+        for (const auto& send : s.sends) {
+          if (hosts.host(send.peer) != hosts.host(r)) {
+            EXPECT_EQ(hosts.localIndex(r), 0) << describe(map) << " rank " << r;
+          }
+        }
+      }
+    }
+    SCOPED_TRACE(describe(map));
+    simulate(ranks);
+    // Without any one rank, nobody else gets through.
+    for (int absent = 0; absent < hosts.size() && hosts.size() > 1; ++absent) {
+      std::vector<Rank> some(static_cast<size_t>(hosts.size()));
+      for (int r = 0; r < hosts.size(); ++r) {
+        if (r != absent)
+          some[static_cast<size_t>(r)].schedule = algorithms::hierarchicalBarrier(r, hosts);
+      }
+      simulate(some, /*mustFinish=*/false);
+      for (int r = 0; r < hosts.size(); ++r) {
+        if (r == absent) continue;
+        EXPECT_LT(some[static_cast<size_t>(r)].step, some[static_cast<size_t>(r)].schedule.size())
+            << "rank " << r << " passed the barrier without rank " << absent;
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Sizes, ::testing::Values(1, 2, 3, 4, 5, 7, 8, 9, 16));
