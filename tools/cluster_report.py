@@ -158,6 +158,40 @@ def formation_table(directory, rounds):
     return "\n".join(out) + "\n"
 
 
+def hier_table(directory, rounds):
+    runs = load(directory, r"hier-(.+)-(flat|hier)-r(\d+)\.json")
+    if not runs:
+        return ""
+    out = [f"### Hierarchical against flat (2 hosts x 2 ranks, {rounds} round(s))", "",
+           "Flat: the algorithm auto takes without knowing hosts (recursive doubling, "
+           "tree, ring or chain, dissemination); hierarchical: through each host's "
+           "shared memory, across hosts, inside each host again. Alternated in each "
+           "round, every element checked. Small sizes: time (us, lower is better); "
+           "1 MiB and up: busbw (GB/s, higher is better); ratio: hierarchical over "
+           "flat of the medians (below 1 is faster for times, above 1 for busbw).", "",
+           "| case | size | flat | hierarchical | ratio | wrong elements | runs completed |",
+           "|---|---|---|---|---|---|---|"]
+
+    def med(values):
+        values = sorted(values)
+        return values[len(values) // 2] if values else None
+
+    names = sorted({k[0] for k in runs}, key=lambda n: (n.split("-")[0], n))
+    for name in names:
+        flat, hier = runs.get((name, "flat"), []), runs.get((name, "hier"), [])
+        sizes = sorted({r["size"] for d in flat + hier for r in d["rows"]})
+        for i, size in enumerate(sizes):
+            metric = "busbw_gbs" if size >= 1000000 else "time_us"
+            fmt = "{:.3f}" if metric == "busbw_gbs" else "{:.0f}"
+            a = [row(d, i)[metric] for d in flat if row(d, i)]
+            b = [row(d, i)[metric] for d in hier if row(d, i)]
+            ratio = f"{med(b) / med(a):.2f}" if a and b and med(a) else "-"
+            collective = name.split("-")[0]
+            out.append(f"| {collective} | {human(size) if collective != 'barrier' else '-'} | "
+                       f"{span(a, fmt)} | {span(b, fmt)} | {ratio} | {outcome(flat + hier, rounds)}")
+    return "\n".join(out) + "\n"
+
+
 def plot(directory, png):
     runs = load(directory, r"loss-(.+)-(allreduce|allgather)-r(\d+)\.json")
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,7 +233,8 @@ def main():
     rounds = max((int(m.group(1)) for path in glob.glob(os.path.join(a.directory, "*-r*.json"))
                   if (m := re.search(r"-r(\d+)\.json$", path))), default=0)
     print("\n".join(t for t in (loss_table(a.directory, rounds), rails_table(a.directory, rounds),
-                                formation_table(a.directory, rounds)) if t))
+                                formation_table(a.directory, rounds),
+                                hier_table(a.directory, rounds)) if t))
     if a.plot:
         plot(a.directory, a.plot)
     return 0
