@@ -56,13 +56,6 @@ DataType parseType(const std::string& s) {
               "use float, double, half, bfloat16, int8, uint8, int32 or int64");
 }
 
-Algorithm parseAlgorithm(const std::string& s) {
-  if (auto a = algorithmNamed(s)) return *a;
-  throw Error(ErrorKind::InvalidArgument, fmt::format("-a {} is not an algorithm", s),
-              "use auto, ring, tree, recursive_doubling, hierarchical, linear, pairwise or "
-              "dissemination");
-}
-
 ReduceOp parseOp(const std::string& s) {
   if (s == "sum") return ReduceOp::Sum;
   if (s == "prod") return ReduceOp::Product;
@@ -128,9 +121,14 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   app.add_option("-a,--algorithm", algorithm,
-                 "auto, ring, tree, recursive_doubling (allreduce, power-of-two groups), linear "
-                 "(allgather, reduce_scatter, alltoall), pairwise (alltoall)")
-      ->check(CLI::IsMember({"auto", "ring", "tree", "recursive_doubling", "linear", "pairwise"}))
+                 "auto, ring, tree, recursive_doubling (allreduce, power-of-two groups), "
+                 "hierarchical (allreduce, broadcast, reduce, barrier), linear (allgather, "
+                 "reduce_scatter, alltoall), pairwise (alltoall), dissemination (barrier)")
+      ->check(
+          [](const std::string& s) {
+            return algorithmNamed(s) ? std::string() : s + " is not an algorithm (see --help)";
+          },
+          "ALGORITHM")
       ->capture_default_str();
   app.add_flag("--check", a.check, "verify every element of every size (#wrong column)");
   int registerLevel = 0;
@@ -194,7 +192,7 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
     }
   }
   a.op = parseOp(op);
-  a.algorithm = parseAlgorithm(algorithm);
+  a.algorithm = *algorithmNamed(algorithm);  // checked by the option
   if (a.replot && (a.csv.empty() || a.plot.empty())) {
     return usage("--replot needs --csv FILE and --plot FILE.png");
   }
