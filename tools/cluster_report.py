@@ -2,10 +2,11 @@
 """The tables (Markdown) of tools/benchmark-cluster from its rdmacc-perf
 --json files, and with --plot PNG busbw against message size per loss rate.
 
-    cluster_report.py DIR [--plot PNG]
+    cluster_report.py DIR [--part loss|rails|formation|hier] [--plot PNG]
 
 A value is the range over the rounds (min-max), or one number for one
-round; a run that failed (no JSON) shows as "failed".
+round; a run that failed (no JSON) shows as "failed". Each part counts its
+own rounds (the parts may come from different runs: --only).
 """
 import argparse
 import glob
@@ -76,7 +77,14 @@ def human(size):
     return f"{round(size / 1024)} KiB" if size >= 1000 else f"{size} B"
 
 
-def loss_table(directory, rounds):
+def rounds_of(directory, part):
+    """The rounds of the part's last run: the highest round number of its files."""
+    return max((int(m.group(1)) for path in glob.glob(os.path.join(directory, f"{part}-*-r*.json"))
+                if (m := re.search(r"-r(\d+)\.json$", path))), default=0)
+
+
+def loss_table(directory):
+    rounds = rounds_of(directory, "loss")
     runs = load(directory, r"loss-(.+)-(allreduce|allgather)-r(\d+)\.json")
     if not runs:
         return ""
@@ -110,7 +118,8 @@ def loss_table(directory, rounds):
     return "\n".join(out) + "\n"
 
 
-def rails_table(directory, rounds):
+def rails_table(directory):
+    rounds = rounds_of(directory, "rails")
     runs = load(directory, r"rails-(\d)-(allreduce|alltoall)-r(\d+)\.json")
     if not runs:
         return ""
@@ -134,7 +143,8 @@ def rails_table(directory, rounds):
     return "\n".join(out) + "\n"
 
 
-def formation_table(directory, rounds):
+def formation_table(directory):
+    rounds = rounds_of(directory, "formation")
     runs = load(directory, r"formation-(\d+)-(auto|rdma)-r(\d+)\.json")
     if not runs:
         return ""
@@ -158,7 +168,8 @@ def formation_table(directory, rounds):
     return "\n".join(out) + "\n"
 
 
-def hier_table(directory, rounds):
+def hier_table(directory):
+    rounds = rounds_of(directory, "hier")
     runs = load(directory, r"hier-(.+)-(flat|hier)-r(\d+)\.json")
     if not runs:
         return ""
@@ -176,7 +187,8 @@ def hier_table(directory, rounds):
         values = sorted(values)
         return values[len(values) // 2] if values else None
 
-    names = sorted({k[0] for k in runs}, key=lambda n: (n.split("-")[0], n))
+    # by collective, small sizes before large
+    names = sorted({k[0] for k in runs}, key=lambda n: (n.split("-")[0], n.endswith("-large")))
     for name in names:
         flat, hier = runs.get((name, "flat"), []), runs.get((name, "hier"), [])
         sizes = sorted({r["size"] for d in flat + hier for r in d["rows"]})
@@ -225,16 +237,18 @@ def plot(directory, png):
         subprocess.run(["gnuplot", script], check=True)
 
 
+TABLES = {"loss": loss_table, "rails": rails_table, "formation": formation_table,
+          "hier": hier_table}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("directory")
+    p.add_argument("--part", choices=sorted(TABLES), help="only this part's table")
     p.add_argument("--plot", help="draw busbw against size per loss rate into this PNG")
     a = p.parse_args()
-    rounds = max((int(m.group(1)) for path in glob.glob(os.path.join(a.directory, "*-r*.json"))
-                  if (m := re.search(r"-r(\d+)\.json$", path))), default=0)
-    print("\n".join(t for t in (loss_table(a.directory, rounds), rails_table(a.directory, rounds),
-                                formation_table(a.directory, rounds),
-                                hier_table(a.directory, rounds)) if t))
+    parts = [a.part] if a.part else list(TABLES)
+    print("\n".join(t for t in (TABLES[part](a.directory) for part in parts) if t))
     if a.plot:
         plot(a.directory, a.plot)
     return 0
