@@ -101,11 +101,14 @@ int run(const Args& args) {
       Tensor mine{buffer.data() + block * static_cast<size_t>(backend->getRank()), block,
                   DataType::Float32};
       std::map<Algorithm, double> times;
-      std::vector<Algorithm> candidates{Algorithm::Tree, Algorithm::Ring};
-      if (name == "allreduce" && n > 1 && (n & (n - 1)) == 0) {
-        candidates.push_back(Algorithm::RecursiveDoubling);
+      // Every algorithm the collective has (hierarchical too: on one host it
+      // is one tree, in layered groups the table may keep it).
+      std::vector<Algorithm> candidates;
+      for (Algorithm a : algorithmsOf(name)) {
+        if (a != Algorithm::RecursiveDoubling || (n > 1 && (n & (n - 1)) == 0)) {
+          candidates.push_back(a);
+        }
       }
-      if (name == "allgather") candidates = {Algorithm::Linear, Algorithm::Ring};
       for (Algorithm algorithm : candidates) {
         double us = timeIt(*backend, args.iterations, [&]() {
           if (name == "allreduce")
