@@ -59,7 +59,8 @@ std::shared_ptr<Work> VerbsBackend::allreduce_coalesced(std::vector<Tensor>& ten
   op->scratch.resize(total * elementSize(dtype));
   uint8_t* flat = op->scratch.data();
   std::vector<Tensor> views = tensors;
-  s.buildAllreduce(*op, flat, total, dtype, opts.reduceOp, opts.preMulFactor, opts.algorithm);
+  const Algorithm algo =
+      s.buildAllreduce(*op, flat, total, dtype, opts.reduceOp, opts.preMulFactor, opts.algorithm);
   auto scale = std::move(op->prologue);  // PreMulSum's scaling, after the copy in
   op->prologue = [flat, views, scale] {
     size_t at = 0;
@@ -76,8 +77,8 @@ std::shared_ptr<Work> VerbsBackend::allreduce_coalesced(std::vector<Tensor>& ten
       at += t.bytes();
     }
   };
-  const auto inner = op->detail;  // describe() writes over it
-  op->describe("{} tensors, {}", tensors.size(), inner.data());
+  op->describe("{} tensors, {} x {}, {}, {}", tensors.size(), total, toString(dtype),
+               toString(opts.reduceOp), toString(algo));
   return s.submit(std::move(op));
 }
 

@@ -62,6 +62,7 @@ struct Engine::Impl final : TransportSink, Steppable {
   };
   std::vector<FailedCompletion> failedCompletions;
   Clock::time_point lastConnectionCheck{};
+  Clock::time_point nextDeadlineCheck{};
   Clock::time_point nextProbe{};
   std::vector<int> awaitedScratch;  // keep-alive: no allocation per round
   std::vector<bool> probedScratch;
@@ -166,10 +167,9 @@ struct Engine::Impl final : TransportSink, Steppable {
 
   // A departed peer fails the operations that still need it (and so the
   // group); operations that are past it finish normally.
-  bool pollConnectionEvents() {
+  bool pollConnectionEvents(Clock::time_point now) {
     auto left = transport->takeDisconnected();
     bool progress = !left.empty();
-    auto now = Clock::now();
     for (int peer : left) {
       if (dead[static_cast<size_t>(peer)]) continue;
       dead[static_cast<size_t>(peer)] = true;
@@ -212,8 +212,7 @@ struct Engine::Impl final : TransportSink, Steppable {
 
   // ------------------------------------------------------------ failure --
 
-  void checkDeadlines() {
-    auto now = Clock::now();
+  void checkDeadlines(Clock::time_point now) {
     auto expired = [&](const Active& a) { return a.started && now > a.deadline; };
     const Active* late = nullptr;
     for (const auto& a : collectives) {
@@ -240,9 +239,8 @@ struct Engine::Impl final : TransportSink, Steppable {
   // Keep-alive: every `keepalive`, the peers that pending operations wait
   // for are probed; a path that no longer carries packets fails through
   // the transport (the peer and the completion status named).
-  void probeAwaitedPeers() {
+  void probeAwaitedPeers(Clock::time_point now) {
     if (options.keepalive.count() == 0) return;
-    auto now = Clock::now();
     if (now < nextProbe) return;
     if (nextProbe == Clock::time_point{}) {  // the first call: nothing waited yet
       nextProbe = now + options.keepalive;
@@ -348,11 +346,14 @@ struct Engine::Impl final : TransportSink, Steppable {
   bool advance() {
     bool progress = takeIntake();
     progress |= transport->poll(*this);
+    // One clock read per round (under emulation, or with a clock source that
+    // is not the TSC, each is costly) for what is timed below.
+    const auto now = Clock::now();
     // Two syscalls (rdma_get_cm_event on a non-blocking channel): every 10 ms
     // is plenty next to the departure grace.
-    if (Clock::now() - lastConnectionCheck > std::chrono::milliseconds(10)) {
-      lastConnectionCheck = Clock::now();
-      progress |= pollConnectionEvents();
+    if (now - lastConnectionCheck > std::chrono::milliseconds(10)) {
+      lastConnectionCheck = now;
+      progress |= pollConnectionEvents(now);
     }
     // The oldest collective runs, and up to collectivesInFlight - 1 later
     // ones that may start ahead (in submission order); they complete in
@@ -384,8 +385,13 @@ struct Engine::Impl final : TransportSink, Steppable {
       progress = true;
     }
     if (!broken) progress |= executor.advancePointToPoint(pointToPoint, pool);
-    if (!broken) checkDeadlines();
-    if (!broken) probeAwaitedPeers();
+    // Deadlines to the millisecond: the scan of every pending operation is
+    // not repeated on every round of a spinning loop.
+    if (!broken && now >= nextDeadlineCheck) {
+      nextDeadlineCheck = now + std::chrono::milliseconds(1);
+      checkDeadlines(now);
+    }
+    if (!broken) probeAwaitedPeers(now);
     // How long to spin next: the oldest work's kind.
     loop.setLatencyBound(!collectives.empty()    ? collectives.front()->latencyBound
                          : !pointToPoint.empty() ? pointToPoint.front()->latencyBound
@@ -436,8 +442,12 @@ Engine::~Engine() {
 }
 
 std::string Operation::description() const {
-  return detail[0] == '\0' ? fmt::format("{} #{}", toString(type), sequence)
-                           : fmt::format("{} #{} ({})", toString(type), sequence, detail.data());
+  if (detailFormat.empty()) return fmt::format("{} #{}", toString(type), sequence);
+  fmt::dynamic_format_arg_store<fmt::format_context> args;
+  for (size_t i = 0; i < detailArgCount; ++i) {
+    std::visit([&](auto v) { args.push_back(v); }, detailArgs[i]);
+  }
+  return fmt::format("{} #{} ({})", toString(type), sequence, fmt::vformat(detailFormat, args));
 }
 
 void Engine::submit(std::unique_ptr<Operation> op) {

@@ -85,6 +85,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   s.defaultTimeout =
       options.timeout.count() >= 0 ? options.timeout : s.config.getDuration("RDMACC_TIMEOUT");
   s.treeMaxBytes = static_cast<size_t>(s.config.getInt("RDMACC_TREE_MAX_BYTES"));
+  s.readForcedAlgorithms();
   if (const std::string& file = s.config.getString("RDMACC_TUNE_FILE"); !file.empty()) {
     s.tuning = TuningTable::load(file);
   }

@@ -145,6 +145,29 @@ struct VerbsBackend::Impl {
     return t.count() < 0 ? defaultTimeout : t;
   }
 
+  // RDMACC_ALGO_<OP> (validated by Config), read once: a lookup per call
+  // cost a small allreduce ~800 instructions.
+  struct Forced {
+    Algorithm allreduce = Algorithm::Auto, broadcast = Algorithm::Auto, reduce = Algorithm::Auto,
+              barrier = Algorithm::Auto;
+  } forcedAlgorithms;
+  void readForcedAlgorithms() {
+    auto read = [&](const char* name) {
+      return algorithmNamed(config.getString(name)).value_or(Algorithm::Auto);
+    };
+    forcedAlgorithms = {.allreduce = read("RDMACC_ALGO_ALLREDUCE"),
+                        .broadcast = read("RDMACC_ALGO_BROADCAST"),
+                        .reduce = read("RDMACC_ALGO_REDUCE"),
+                        .barrier = read("RDMACC_ALGO_BARRIER")};
+  }
+  Algorithm forced(std::string_view collective) const {
+    const Forced& f = forcedAlgorithms;
+    return collective == "allreduce"   ? f.allreduce
+           : collective == "broadcast" ? f.broadcast
+           : collective == "reduce"    ? f.reduce
+                                       : f.barrier;
+  }
+
   // The call's choice, else RDMACC_ALGO_<OP> (validated by Config), else
   // the tuning table (RDMACC_TUNE_FILE), else by topology and size:
   // hierarchical when some host runs several ranks of a group that spans
@@ -153,13 +176,7 @@ struct VerbsBackend::Impl {
   // algorithms.
   Algorithm choose(Algorithm requested, std::string_view collective, size_t bytes) const {
     Algorithm algo = requested;
-    if (algo == Algorithm::Auto) {
-      const char* env = collective == "allreduce"   ? "RDMACC_ALGO_ALLREDUCE"
-                        : collective == "broadcast" ? "RDMACC_ALGO_BROADCAST"
-                        : collective == "reduce"    ? "RDMACC_ALGO_REDUCE"
-                                                    : "RDMACC_ALGO_BARRIER";
-      algo = algorithmNamed(config.getString(env)).value_or(Algorithm::Auto);
-    }
+    if (algo == Algorithm::Auto) algo = forced(collective);
     if (algo == Algorithm::Auto) {
       if (auto tuned = tuning.lookup(collective, size, bytes)) algo = *tuned;
     }
@@ -304,8 +321,9 @@ struct VerbsBackend::Impl {
   }
 
   // An allreduce over one contiguous buffer (used by allreduce and allreduce_coalesced).
-  void buildAllreduce(Operation& op, uint8_t* data, size_t count, DataType dtype, ReduceOp reduceOp,
-                      double factor, Algorithm algorithm) {
+  // Returns the algorithm chosen.
+  Algorithm buildAllreduce(Operation& op, uint8_t* data, size_t count, DataType dtype,
+                           ReduceOp reduceOp, double factor, Algorithm algorithm) {
     size_t es = elementSize(dtype);
     size_t bytes = count * es;
     Algorithm algo = choose(algorithm, "allreduce", bytes);
@@ -339,6 +357,7 @@ struct VerbsBackend::Impl {
       op.prologue = [data, count, dtype, factor] { scaleBy(data, count, dtype, factor); };
     }
     op.describe("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp), toString(algo));
+    return algo;
   }
 
   // allgather and allgather_coalesced: every rank's inputs packed into one block.

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "rdmacc/error.hpp"
+#include "src/engine.hpp"
 
 namespace rdmacc {
 namespace {
@@ -48,6 +49,24 @@ TEST(Work, WaitingInsideACompletionCallbackIsRefusedWithAHint) {
   EXPECT_TRUE(waitedOnFinished);
   EXPECT_TRUE(first->wait());
   EXPECT_TRUE(second->wait(1s));
+}
+
+}  // namespace
+}  // namespace rdmacc
+
+namespace rdmacc {
+namespace {
+
+// The details are formatted only when asked for, from the values kept.
+TEST(OperationDescription, FormatsTheKeptDetailsOnDemand) {
+  Operation op;
+  op.type = OpType::Allreduce;
+  op.sequence = 12;
+  EXPECT_EQ(op.description(), "allreduce #12");
+  op.describe("{} x {}, {}, root {}", size_t{4099}, toString(DataType::Float32), "sum", -1);
+  EXPECT_EQ(op.description(), "allreduce #12 (4099 x float32, sum, root -1)");
+  op.describe("{} tensor(s)", 3u);
+  EXPECT_EQ(op.description(), "allreduce #12 (3 tensor(s))");
 }
 
 }  // namespace
