@@ -18,9 +18,9 @@ thread_local int callbackDepth = 0;
 Work::Work(OpType type, uint64_t sequence) : type_(type), sequence_(sequence) {}
 Work::~Work() = default;
 
+// Lock-free: a caller driving progress asks after every round.
 bool Work::isCompleted() const {
-  std::lock_guard lock(mutex_);
-  return completed_;
+  return completed_.load(std::memory_order_acquire);
 }
 
 bool Work::isSuccess() const {

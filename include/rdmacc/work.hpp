@@ -1,6 +1,7 @@
 // Work: the handle every Backend call returns (c10d's Work contract).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -83,7 +84,7 @@ class Work : public std::enable_shared_from_this<Work> {
   const uint64_t sequence_;
   mutable std::mutex mutex_;
   std::condition_variable done_;
-  bool completed_ = false;
+  std::atomic<bool> completed_{false};  // written under mutex_; isCompleted() reads it without
   bool settled_ = false;  // completed and its callbacks have run
   std::exception_ptr error_;
   int sourceRank_ = -1;
