@@ -63,7 +63,7 @@ void appendCsv(const std::string& path, const Args& args, int ranks, const std::
 
 // One line per (collective, ranks, algorithm): busbw and time against size.
 // Out-of-place rows where a collective has them (nccl-tests' first columns).
-void plotCsv(const std::string& csvPath, const std::string& png) {
+void plotCsv(const std::string& csvPath, const std::string& png, double refBusbw, double refTime) {
   std::ifstream in(csvPath);
   std::string line;
   if (!std::getline(in, line) || line != kCsvHeader) {
@@ -112,9 +112,23 @@ void plotCsv(const std::string& csvPath, const std::string& png) {
        << fmt::format("set multiplot layout {},2 title 'rdmacc-perf'\n", worldSizes.size())
        << "set logscale x 2\nset format x '%.0b%B'\nset xlabel 'size (bytes)'\n"
        << "set grid\nset key below maxrows 4\n";
+    // A reference value as a dashed horizontal line across the panel.
+    auto reference = [&](double value, const char* what) {
+      return value > 0
+                 ? fmt::format("{} with lines dashtype 2 lw 2 lc rgb 'black' title '{} ({:.4g})'",
+                               value, what, value)
+                 : std::string();
+    };
     auto plotAll = [&](int ranks, int column) {
       gp << "plot ";
       bool first = true;
+      if (auto ref = column == 2
+                         ? reference(refBusbw, "reference: ib_write_bw -b per direction, GB/s")
+                         : reference(refTime, "reference: ib_write_lat, us");
+          !ref.empty()) {
+        gp << ref;
+        first = false;
+      }
       for (size_t i = 0; i < order.size(); ++i) {
         if (ranksOf[order[i]] != ranks) continue;
         gp << (first ? "" : ", ") << "'" << dataPath << "' index " << i << " using 1:" << column

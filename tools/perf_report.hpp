@@ -32,6 +32,10 @@ struct Args {
   std::string csv;      // appended to (header when the file is new or empty)
   std::string plot;     // PNG of every series in the CSV (or of this run)
   bool replot = false;  // only draw --plot from --csv
+  // Reference lines on the plot (e.g. perftest's ib_write_bw -b per
+  // direction and ib_write_lat on the same device); 0: none.
+  double refBusbw = 0;
+  double refTime = 0;
   bool iterationsGiven = false;
   std::vector<std::string> argv;  // the command line, for --json
   std::string started;            // ISO 8601 UTC, for --json
@@ -50,7 +54,8 @@ std::string cell(const Row* r);
 void appendCsv(const std::string& path, const Args& args, int ranks, const std::vector<Row>& rows);
 // Draws every series of the CSV at csvPath into png (gnuplot); throws Error
 // for a file that is not an rdmacc-perf CSV.
-void plotCsv(const std::string& csvPath, const std::string& png);
+void plotCsv(const std::string& csvPath, const std::string& png, double refBusbw = 0,
+             double refTime = 0);
 std::string isoNow();  // ISO 8601 UTC, seconds
 // How forming the group went: the slowest rank's time, the largest rank's
 // resident memory right after.

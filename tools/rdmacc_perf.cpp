@@ -153,6 +153,13 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
                  "world size and algorithm: every row of --csv FILE, else this run");
   app.add_flag("--replot", a.replot,
                "only draw --plot FILE.png from --csv FILE (no launcher, no device)");
+  app.add_option("--ref-busbw", a.refBusbw,
+                 "draw a reference line at this busbw (GB/s) in the plot, e.g. ib_write_bw -b "
+                 "per direction on the same device")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--ref-time", a.refTime,
+                 "draw a reference line at this time (us) in the plot, e.g. ib_write_lat")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("-m,--mode", a.mode,
                  "write only: bw, lat, all (both), or exchange: the message path's floor "
                  "(WRITE_WITH_IMM arrivals polled from the CQ, ping-pong and both at once)")
@@ -387,7 +394,7 @@ int runCollective(const Args& args) {
       // Without --csv the plot reads this run from a scratch file.
       std::string csv = args.csv.empty() ? args.plot + ".csv" : args.csv;
       appendCsv(csv, args, backend->getSize(), rows);
-      if (!args.plot.empty()) plotCsv(csv, args.plot);
+      if (!args.plot.empty()) plotCsv(csv, args.plot, args.refBusbw, args.refTime);
       if (args.csv.empty()) std::remove(csv.c_str());
     }
     if (!args.json.empty())
@@ -440,7 +447,7 @@ int main(int argc, char** argv) {
   try {
     const Args& args = *parsed;
     if (args.replot) {
-      plotCsv(args.csv, args.plot);
+      plotCsv(args.csv, args.plot, args.refBusbw, args.refTime);
       return 0;
     }
     if (args.collective == "idle") return runIdle(args);
