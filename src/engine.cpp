@@ -12,6 +12,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "src/active.hpp"
+#include "src/blame.hpp"
 #include "src/executor.hpp"
 #include "src/matching.hpp"
 #include "src/mesh.hpp"
@@ -32,6 +33,11 @@ using Clock = std::chrono::steady_clock;
 // is explained by the peer's death (not "remote access error").
 constexpr auto kDepartureGrace = std::chrono::milliseconds(200);
 
+// How long a rank whose collective timed out waits for the ranks it waits
+// for to report what they wait for (blame.hpp): the ranks of a stuck group
+// time out within moments of each other.
+constexpr auto kStuckGrace = std::chrono::milliseconds(1000);
+
 }  // namespace
 
 // The engine core: intake of submitted operations, admission of overlapping
@@ -50,6 +56,7 @@ struct Engine::Impl final : TransportSink, Steppable {
   // before leaving has arrived, so an operation that still misses messages
   // of theirs (or must send to them) fails.
   std::vector<bool> gone;
+  Store& store;  // outlives the engine (VerbsBackend owns both)
   Matching matching;
   Executor executor;
   ActivePool pool;
@@ -80,14 +87,15 @@ struct Engine::Impl final : TransportSink, Steppable {
   std::optional<Error> brokenCopy;
   Progress loop;  // last: its thread starts after everything above exists
 
-  Impl(Mesh* mesh, Store& store, EngineOptions o)
+  Impl(Mesh* mesh, Store& groupStore, EngineOptions o)
       : options(resolved(std::move(o))),
         rank(options.rank),
         size(options.size),
-        transport(makeTransport(mesh, store, options)),
+        transport(makeTransport(mesh, groupStore, options)),
         chunk(transport->chunkBytes()),
         dead(static_cast<size_t>(size), false),
         gone(static_cast<size_t>(size), false),
+        store(groupStore),
         matching(*transport, size),
         executor(*transport, matching, options, gone),
         loop(*transport, *this, options) {}
@@ -224,13 +232,30 @@ struct Engine::Impl final : TransportSink, Steppable {
     if (late == nullptr) return;
     auto waiting = awaited(*late, chunk);
     const Operation& op = *late->op;
+    // A collective: follow who the awaited ranks wait for (blame.hpp), so
+    // that every rank names the one the group is stuck on, not its neighbour.
+    std::vector<int> stuck;
+    if (!op.pointToPoint && !waiting.empty()) {
+      stuck = stuckOn(store, fmt::format("rdmacc/stuck/{}/{}", options.group, op.sequence), rank,
+                      size, waiting,
+                      std::min<std::chrono::milliseconds>(
+                          kStuckGrace, std::max(op.timeout, std::chrono::milliseconds(100))));
+    }
+    const bool sameAsWaiting = stuck.empty() || stuck == waiting;
+    const std::vector<int>& culprits = sameAsWaiting ? waiting : stuck;
     breakGroup(Error(ErrorInfo{
         .kind = ErrorKind::Timeout,
-        .message = fmt::format("{} timed out after {} ms{}", op.description(), op.timeout.count(),
-                               waiting.empty() ? std::string()
-                                               : fmt::format(", still waiting for rank(s) {}",
-                                                             fmt::join(waiting, ", "))),
-        .peerRank = waiting.size() == 1 ? waiting.front() : -1,
+        .message = fmt::format(
+            "{} timed out after {} ms{}{}", op.description(), op.timeout.count(),
+            waiting.empty()
+                ? std::string()
+                : fmt::format(", still waiting for rank(s) {}", fmt::join(waiting, ", ")),
+            sameAsWaiting ? std::string()
+                          : fmt::format("; the group is stuck on rank(s) {}, which did not report "
+                                        "what they wait for (stopped, hung, or not in this "
+                                        "collective)",
+                                        fmt::join(stuck, ", "))),
+        .peerRank = culprits.size() == 1 ? culprits.front() : -1,
         .hint =
             "a rank is missing, slower, or called different collectives; raise the op's timeout "
             "(RDMACC_TIMEOUT) if it is only slow"}));

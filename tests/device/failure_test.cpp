@@ -6,6 +6,11 @@
 #include <cstdlib>
 #include <thread>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "rdmacc/backend.hpp"
@@ -173,6 +178,49 @@ TEST(Failure, TimeoutNamesTheOpAndTheAwaitedRank) {
   EXPECT_NE(error.find("timed out after 3000 ms, still waiting for rank(s) 1"), std::string::npos)
       << error;
   EXPECT_LT(took, timeout + 5s) << error;
+}
+
+// A stopped rank (SIGSTOP: the whole process frozen, its engine thread too,
+// while the kernel or NIC still acknowledges what it is sent): every
+// survivor's collective times out, each waiting for its own ring neighbour,
+// and every one names the stopped rank (they publish what they wait for and
+// follow the chain), not the neighbour.
+TEST(Failure, StoppedRankIsNamedByEverySurvivor) {
+  auto backend = makeBackend("stopped");
+  const int rank = backend->getRank(), size = backend->getSize();
+  ASSERT_GE(size, 3);
+  const int stopped = 1;
+  std::vector<float> data(1000, 1.0f);
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
+  backend->barrier()->wait();
+  if (rank == stopped) {
+    const pid_t self = ::getpid();
+    const pid_t waker = ::fork();
+    ASSERT_GE(waker, 0);
+    if (waker == 0) {  // only async-signal-safe calls in the child
+      timespec pause{8, 0};
+      ::nanosleep(&pause, nullptr);
+      ::kill(self, SIGCONT);
+      ::_exit(0);
+    }
+    ::kill(self, SIGSTOP);
+    ::waitpid(waker, nullptr, 0);
+    // Woken late, it learns that the group broke.
+    auto [error, took] = outcome(
+        backend->allreduce(t, AllreduceOptions{.algorithm = Algorithm::Ring}), Clock::now());
+    EXPECT_NE(error, "");
+    return;
+  }
+  const auto start = Clock::now();
+  try {
+    backend->allreduce(t, AllreduceOptions{.timeout = 3s, .algorithm = Algorithm::Ring})->wait();
+    ADD_FAILURE() << "the allreduce completed without rank " << stopped;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.info().peerRank, stopped) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fmt::format("rank(s) {}", stopped)), std::string::npos)
+        << e.what();
+    EXPECT_LT(Clock::now() - start, 3s + 4s) << e.what();
+  }
 }
 
 TEST(Failure, MismatchedSizesFailEveryRank) {
