@@ -19,7 +19,8 @@ std::shared_ptr<Work> VerbsBackend::broadcast(std::vector<Tensor>& tensors,
         return algo == Algorithm::Ring ? algorithms::chainBroadcast(rank_, size_, root, t.bytes())
                : algo == Algorithm::Tree
                    ? algorithms::treeBroadcast(rank_, size_, root, t.bytes())
-                   : algorithms::hierarchicalBroadcast(rank_, s.hosts, root, t.bytes());
+                   : algorithms::hierarchicalBroadcast(rank_, s.hosts, root, t.bytes(),
+                                                       t.bytes() > s.treeMaxBytes);
       });
   op->sendBase = op->recvBase = bytesOf(t);
   op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(root),
@@ -96,7 +97,8 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
       [&] {
         return algo == Algorithm::Tree
                    ? algorithms::treeReduce(rank_, size_, root, t.bytes())
-                   : algorithms::hierarchicalReduce(rank_, s.hosts, root, t.bytes());
+                   : algorithms::hierarchicalReduce(rank_, s.hosts, root, t.bytes(),
+                                                    t.bytes() > s.treeMaxBytes);
       });
   uint8_t* acc = bytesOf(t);
   if (rank_ != root) {  // non-roots keep their input: accumulate in scratch

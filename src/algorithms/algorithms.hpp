@@ -85,10 +85,11 @@ struct Hosts {
 // (ring with `split`, else recursive doubling or tree), broadcast inside.
 Schedule hierarchicalAllreduce(int rank, const Hosts& hosts, size_t count, size_t elementSize,
                                bool finalize, bool split);
-// One pipelined tree: a binomial tree over the hosts' leaders (`root` leads
-// its host) with a binomial tree over each host's ranks below its leader.
-Schedule hierarchicalBroadcast(int rank, const Hosts& hosts, int root, size_t bytes);
-Schedule hierarchicalReduce(int rank, const Hosts& hosts, int root, size_t bytes);
+// One pipelined tree: a tree over the hosts' leaders (`root` leads its
+// host) with a tree over each host's ranks below its leader; binomial trees,
+// or with `chain` chains (large messages: one copy forwarded per rank).
+Schedule hierarchicalBroadcast(int rank, const Hosts& hosts, int root, size_t bytes, bool chain);
+Schedule hierarchicalReduce(int rank, const Hosts& hosts, int root, size_t bytes, bool chain);
 // Arrive at the host's leader, dissemination among leaders, release.
 Schedule hierarchicalBarrier(int rank, const Hosts& hosts);
 

@@ -100,16 +100,31 @@ void interHost(Schedule& out, int rank, const std::vector<int>& group, const Bui
   append(out, std::move(part), build(0, n).size());
 }
 
-// A rank's parent and children in a tree whose top is a binomial tree over
-// the hosts' leaders (rooted at `root`'s host) and, below each leader, a
-// binomial tree over that host's ranks: one network hop per level of hosts,
-// the rest inside hosts. Children that are leaders come first (their
-// subtrees are the largest).
+// A rank's parent and children in a tree whose top is a tree over the
+// hosts' leaders (rooted at `root`'s host) and, below each leader, a tree
+// over that host's ranks: one network hop per level of hosts, the rest
+// inside hosts. Binomial trees (latency: log levels), or chains (`chain`:
+// bandwidth, every rank forwards one copy per level, as the flat chain
+// broadcast). Children that are leaders come first (their subtrees are the
+// largest, and their copy crosses the network).
 struct TreeLinks {
   int parent = -1;
   std::vector<int> children;
 };
-TreeLinks hostTree(int rank, const Hosts& hosts, int root) {
+struct Shape {
+  bool chain;
+  int parent(int index, int size, int root) const {
+    if (!chain) return binomialParent(index, size, root);
+    const int v = (index - root + size) % size;
+    return v == 0 ? -1 : (index - 1 + size) % size;
+  }
+  std::vector<int> children(int index, int size, int root) const {
+    if (!chain) return binomialChildren(index, size, root);
+    const int v = (index - root + size) % size;
+    return v + 1 < size ? std::vector<int>{(index + 1) % size} : std::vector<int>{};
+  }
+};
+TreeLinks hostTree(int rank, const Hosts& hosts, int root, Shape shape) {
   const std::vector<int> top = leaders(hosts, root);
   const int h = hosts.host(rank);
   const auto& mine = hosts.members[static_cast<size_t>(h)];
@@ -121,15 +136,14 @@ TreeLinks hostTree(int rank, const Hosts& hosts, int root) {
       static_cast<int>(std::find(mine.begin(), mine.end(), leader) - mine.begin());
   TreeLinks t;
   const int li = hosts.localIndex(rank);
-  if (int p = binomialParent(li, L, localRoot); p >= 0) t.parent = mine[static_cast<size_t>(p)];
+  if (int p = shape.parent(li, L, localRoot); p >= 0) t.parent = mine[static_cast<size_t>(p)];
   if (rank == leader) {
-    if (int p = binomialParent(h, H, hosts.host(root)); p >= 0)
+    if (int p = shape.parent(h, H, hosts.host(root)); p >= 0)
       t.parent = top[static_cast<size_t>(p)];
-    for (int c : binomialChildren(h, H, hosts.host(root)))
+    for (int c : shape.children(h, H, hosts.host(root)))
       t.children.push_back(top[static_cast<size_t>(c)]);
   }
-  for (int c : binomialChildren(li, L, localRoot))
-    t.children.push_back(mine[static_cast<size_t>(c)]);
+  for (int c : shape.children(li, L, localRoot)) t.children.push_back(mine[static_cast<size_t>(c)]);
   return t;
 }
 
@@ -177,9 +191,9 @@ Schedule hierarchicalAllreduce(int rank, const Hosts& hosts, size_t count, size_
   return out;
 }
 
-Schedule hierarchicalBroadcast(int rank, const Hosts& hosts, int root, size_t bytes) {
+Schedule hierarchicalBroadcast(int rank, const Hosts& hosts, int root, size_t bytes, bool chain) {
   if (hosts.size() == 1) return {};
-  const TreeLinks t = hostTree(rank, hosts, root);
+  const TreeLinks t = hostTree(rank, hosts, root, Shape{chain});
   Step step;
   std::vector<int> gates;
   if (t.parent >= 0) {
@@ -190,9 +204,9 @@ Schedule hierarchicalBroadcast(int rank, const Hosts& hosts, int root, size_t by
   return Schedule{std::move(step)};
 }
 
-Schedule hierarchicalReduce(int rank, const Hosts& hosts, int root, size_t bytes) {
+Schedule hierarchicalReduce(int rank, const Hosts& hosts, int root, size_t bytes, bool chain) {
   if (hosts.size() == 1) return {};
-  const TreeLinks t = hostTree(rank, hosts, root);
+  const TreeLinks t = hostTree(rank, hosts, root, Shape{chain});
   Step step;
   std::vector<int> gates;
   for (int c : t.children) {

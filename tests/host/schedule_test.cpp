@@ -457,36 +457,44 @@ TEST(Hierarchical, BroadcastAndReduceFromEveryRoot) {
     const algorithms::Hosts hosts(map);
     const int n = hosts.size();
     for (int root = 0; root < n; ++root) {
-      SCOPED_TRACE(describe(map) + " root " + std::to_string(root));
-      const size_t count = 9;
-      std::vector<Rank> b(static_cast<size_t>(n)), red(static_cast<size_t>(n));
-      for (int r = 0; r < n; ++r) {
-        auto& x = b[static_cast<size_t>(r)];
-        x.schedule = algorithms::hierarchicalBroadcast(r, hosts, root, count);
-        EXPECT_LE(x.schedule.size(), 1u);
-        x.recvBuf.assign(count, 0);
-        if (r == root)
-          for (size_t i = 0; i < count; ++i) x.recvBuf[i] = v(root, i);
-        auto& y = red[static_cast<size_t>(r)];
-        y.schedule = algorithms::hierarchicalReduce(r, hosts, root, count);
-        y.recvBuf.resize(count);
-        for (size_t i = 0; i < count; ++i) y.recvBuf[i] = v(r, i);
-        // At most one receive from, and one send to, another host per rank
-        // and step ... and only leaders (the root leads its host) cross.
-        for (const Step& s : y.schedule) {
-          int crossing = 0;
-          for (const auto& send : s.sends) crossing += hosts.host(send.peer) != hosts.host(r);
-          EXPECT_LE(crossing, 1);
+      for (bool chain : {false, true}) {
+        SCOPED_TRACE(describe(map) + " root " + std::to_string(root) + (chain ? " chain" : ""));
+        const size_t count = 9;
+        std::vector<Rank> b(static_cast<size_t>(n)), red(static_cast<size_t>(n));
+        for (int r = 0; r < n; ++r) {
+          auto& x = b[static_cast<size_t>(r)];
+          x.schedule = algorithms::hierarchicalBroadcast(r, hosts, root, count, chain);
+          EXPECT_LE(x.schedule.size(), 1u);
+          x.recvBuf.assign(count, 0);
+          if (r == root)
+            for (size_t i = 0; i < count; ++i) x.recvBuf[i] = v(root, i);
+          auto& y = red[static_cast<size_t>(r)];
+          y.schedule = algorithms::hierarchicalReduce(r, hosts, root, count, chain);
+          y.recvBuf.resize(count);
+          for (size_t i = 0; i < count; ++i) y.recvBuf[i] = v(r, i);
+          // At most one receive from, and one send to, another host per rank
+          // and step ... and only leaders (the root leads its host) cross.
+          for (const Step& s : y.schedule) {
+            int crossing = 0;
+            for (const auto& send : s.sends) crossing += hosts.host(send.peer) != hosts.host(r);
+            EXPECT_LE(crossing, 1);
+          }
         }
-      }
-      simulate(b);
-      simulate(red);
-      uint8_t sum = 0;
-      for (int r = 0; r < n; ++r) sum = static_cast<uint8_t>(sum + v(r, 0));
-      EXPECT_EQ(red[static_cast<size_t>(root)].recvBuf[0], sum);
-      for (int r = 0; r < n; ++r) {
-        for (size_t i = 0; i < count; ++i)
-          ASSERT_EQ(b[static_cast<size_t>(r)].recvBuf[i], v(root, i)) << "rank " << r;
+        simulate(b);
+        simulate(red);
+        uint8_t sum = 0;
+        for (int r = 0; r < n; ++r) sum = static_cast<uint8_t>(sum + v(r, 0));
+        EXPECT_EQ(red[static_cast<size_t>(root)].recvBuf[0], sum);
+        for (int r = 0; r < n; ++r) {
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(b[static_cast<size_t>(r)].recvBuf[i], v(root, i)) << "rank " << r;
+          // A chain forwards one copy per rank and level: at most one child
+          // across hosts and one inside.
+          const auto& sched = b[static_cast<size_t>(r)].schedule;
+          if (chain && !sched.empty()) {
+            EXPECT_LE(sched[0].sends.size(), 2u) << "rank " << r;
+          }
+        }
       }
     }
   }
