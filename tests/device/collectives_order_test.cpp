@@ -1,0 +1,285 @@
+// Point to point, barriers and sequence numbers, callbacks, overlapping
+// collectives, bad input and allocations per operation on a real device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include <mutex>
+#include <thread>
+#include "rdmacc/error.hpp"
+#include "src/reduce.hpp"
+
+#include <fmt/ranges.h>
+
+#include "rdmacc/log.hpp"
+#include "tests/device/allocation_count.hpp"
+
+#include "tests/device/collectives.hpp"
+
+namespace rdmacc::suite {
+namespace {
+
+using namespace std::chrono_literals;
+
+// ---------------------------------------------------------- point to point --
+
+TEST(PointToPoint, SendRecvWithTagsInAnyOrder) {
+  if (N < 2) GTEST_SKIP() << "needs two ranks";
+  int right = (R + 1) % N, left = (R + N - 1) % N;
+  // Two messages to the right with tags 1 and 2; receive them in reverse order.
+  Buffer a = contribution(DataType::Float32, ReduceOp::Sum, 7, R, 7001);
+  Buffer b = contribution(DataType::Float32, ReduceOp::Sum, 5000, R, 7002);
+  Buffer ra(DataType::Float32, 7), rb(DataType::Float32, 5000);
+  std::vector<Tensor> ta{a.tensor()}, tb{b.tensor()}, tra{ra.tensor()}, trb{rb.tensor()};
+  auto recv2 = gBackend->recv(trb, left, 2);
+  auto recv1 = gBackend->recv(tra, left, 1);
+  auto send1 = gBackend->send(ta, right, 1);
+  auto send2 = gBackend->send(tb, right, 2);
+  send1->wait();
+  send2->wait();
+  recv1->wait();
+  recv2->wait();
+  EXPECT_EQ(recv1->sourceRank(), left);
+  expectValues(ra, DataType::Float32, left, 0, 7, 7001, "recv tag 1");
+  expectValues(rb, DataType::Float32, left, 0, 5000, 7002, "recv tag 2");
+  // Zero-length messages.
+  Buffer z(DataType::Int8, 0), rz(DataType::Int8, 0);
+  std::vector<Tensor> tz{z.tensor()}, trz{rz.tensor()};
+  auto r0 = gBackend->recv(trz, left, 9);
+  gBackend->send(tz, right, 9)->wait();
+  r0->wait();
+}
+
+// A wait with a timeout returns when it expires even while the waiting thread
+// drives progress itself, and the operation carries on.
+TEST(PointToPoint, WaitTimeoutExpiresAndTheOperationContinues) {
+  if (N < 2) GTEST_SKIP() << "needs two ranks";
+  if (R == 0) {
+    Buffer got(DataType::Int32, 5);
+    std::vector<Tensor> t{got.tensor()};
+    auto w = gBackend->recv(t, 1, 78);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      w->wait(100ms);
+      ADD_FAILURE() << "the wait returned before rank 1 sent";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Timeout) << e.what();
+    }
+    auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(took, 100ms);
+    EXPECT_LT(took, 5s);
+    EXPECT_FALSE(w->isCompleted());
+    gBackend->barrier()->wait();  // rank 1 sends after this
+    w->wait();
+    expectValues(got, DataType::Int32, 1, 0, 5, 7200, "recv after a timed-out wait");
+  } else {
+    gBackend->barrier()->wait();
+    if (R == 1) {
+      Buffer mine = contribution(DataType::Int32, ReduceOp::Sum, 5, R, 7200);
+      std::vector<Tensor> t{mine.tensor()};
+      gBackend->send(t, 0, 78)->wait();
+    }
+  }
+  gBackend->barrier()->wait();
+}
+
+TEST(PointToPoint, RecvAnysourceReportsTheSource) {
+  if (N < 2) GTEST_SKIP() << "needs two ranks";
+  // Everyone else sends its rank to rank 0.
+  if (R == 0) {
+    std::vector<int> seen;
+    for (int i = 1; i < N; ++i) {
+      Buffer got(DataType::Int32, 3);
+      std::vector<Tensor> t{got.tensor()};
+      auto w = gBackend->recvAnysource(t, 77);
+      w->wait();
+      int src = w->sourceRank();
+      ASSERT_GE(src, 1);
+      expectValues(got, DataType::Int32, src, 0, 3, 7100, "recvAnysource");
+      seen.push_back(src);
+    }
+    std::sort(seen.begin(), seen.end());
+    for (int i = 1; i < N; ++i) EXPECT_EQ(seen[static_cast<size_t>(i - 1)], i);
+  } else {
+    Buffer mine = contribution(DataType::Int32, ReduceOp::Sum, 3, R, 7100);
+    std::vector<Tensor> t{mine.tensor()};
+    gBackend->send(t, 0, 77)->wait();
+  }
+  gBackend->barrier()->wait();
+}
+
+// ----------------------------------------------------- barriers, sequence --
+
+TEST(Collectives, BarrierSequenceAndMonitoredBarrier) {
+  for (Algorithm a : {Algorithm::Auto, Algorithm::Dissemination, Algorithm::Hierarchical}) {
+    for (int i = 0; i < 5; ++i) gBackend->barrier(BarrierOptions{.algorithm = a})->wait();
+  }
+  gBackend->setSequenceNumberForGroup();
+  uint64_t before = gBackend->getSequenceNumberForGroup();
+  gBackend->barrier()->wait();
+  EXPECT_EQ(gBackend->getSequenceNumberForGroup(), before + 1);
+  // Every rank must agree on the sequence number: allgather it.
+  Buffer mine(DataType::Int64, 1), all(DataType::Int64, static_cast<size_t>(N));
+  mine.set(0, static_cast<double>(gBackend->getSequenceNumberForGroup()));
+  Tensor in = mine.tensor(), out = all.tensor();
+  gBackend->_allgather_base(out, in)->wait();
+  for (int r = 0; r < N; ++r) EXPECT_EQ(all.get(static_cast<size_t>(r)), mine.get(0));
+  gBackend->monitoredBarrier(BarrierOptions{.timeout = 30s}, true);
+}
+
+TEST(Collectives, WorkCallbacksAndAsyncQueue) {
+  // Many ops in flight at once complete in order; then() runs for each.
+  std::vector<Buffer> bufs;
+  for (int i = 0; i < 20; ++i)
+    bufs.push_back(
+        contribution(DataType::Float32, ReduceOp::Sum, 100 + static_cast<size_t>(i), R, 8000 + i));
+  std::vector<std::shared_ptr<Work>> works;
+  std::atomic<int> callbacks{0};
+  for (auto& b : bufs) {
+    std::vector<Tensor> t{b.tensor()};
+    works.push_back(gBackend->allreduce(t));
+    works.back()->then([&](Work& w) {
+      if (w.isSuccess()) ++callbacks;
+    });
+  }
+  for (auto& w : works) w->wait();
+  EXPECT_EQ(callbacks.load(), 20);
+  for (int i = 0; i < 20; ++i)
+    expectReduced(bufs[static_cast<size_t>(i)], ReduceOp::Sum, 0,
+                  bufs[static_cast<size_t>(i)].numel(), 8000 + i, "queued allreduce");
+  EXPECT_TRUE(works.back()->isCompleted());
+}
+
+// Collectives issued without waiting run together when their buffers are
+// independent (RDMACC_COLLECTIVES_IN_FLIGHT) and in order when one works on
+// the result of another; either way they complete in submission order.
+TEST(Collectives, IndependentCollectivesOverlapDependentOnesKeepTheirOrder) {
+  const float n = static_cast<float>(N);
+  std::vector<std::vector<float>> independent(12, std::vector<float>(33));
+  std::vector<float> chain(50, static_cast<float>(R + 1));
+  std::vector<float> root(20, static_cast<float>(R == N - 1 ? 7 : -1));
+  std::vector<float> part(9, static_cast<float>(R)), gathered(9 * static_cast<size_t>(N), -1.0f);
+  for (size_t k = 0; k < independent.size(); ++k) {
+    std::fill(independent[k].begin(), independent[k].end(), static_cast<float>(R + k));
+  }
+  auto tensor = [](std::vector<float>& v) { return Tensor{v.data(), v.size(), DataType::Float32}; };
+  std::vector<std::shared_ptr<Work>> works;
+  std::mutex orderMutex;
+  std::vector<uint64_t> order;
+  auto track = [&](std::shared_ptr<Work> w) {
+    w->then([&](Work& done) {
+      std::lock_guard lock(orderMutex);
+      order.push_back(done.sequenceNumber());
+    });
+    works.push_back(std::move(w));
+  };
+  for (size_t k = 0; k < independent.size(); ++k) {
+    std::vector<Tensor> t{tensor(independent[k])};
+    track(gBackend->allreduce(t));
+    if (k == 3 || k == 7) {  // the chain: each allreduce sums the previous result
+      std::vector<Tensor> c{tensor(chain)};
+      track(gBackend->allreduce(c));
+    }
+    if (k == 5) {
+      std::vector<Tensor> b{tensor(root)};
+      track(gBackend->broadcast(b, BroadcastOptions{.rootRank = N - 1}));
+      Tensor out = tensor(gathered), in = tensor(part);
+      track(gBackend->_allgather_base(out, in));
+    }
+  }
+  for (auto& w : works) w->wait();
+  for (size_t k = 0; k < independent.size(); ++k) {
+    const float want = n * (n - 1) / 2 + n * static_cast<float>(k);
+    for (float x : independent[k]) ASSERT_EQ(x, want) << "allreduce " << k;
+  }
+  const float once = n * (n + 1) / 2;
+  for (float x : chain) ASSERT_EQ(x, n * once) << "the second allreduce of the chain";
+  for (float x : root) ASSERT_EQ(x, 7.0f);
+  for (int r = 0; r < N; ++r) {
+    for (size_t i = 0; i < part.size(); ++i) {
+      ASSERT_EQ(gathered[static_cast<size_t>(r) * part.size() + i], static_cast<float>(r));
+    }
+  }
+  std::lock_guard lock(orderMutex);
+  ASSERT_EQ(order.size(), works.size());
+  EXPECT_TRUE(std::is_sorted(order.begin(), order.end()))
+      << fmt::format("{}", fmt::join(order, " "));
+}
+
+// ------------------------------------------------------------ bad input --
+
+TEST(Collectives, InvalidCallsThrowOnEveryRankBeforeAnyDataMoves) {
+  auto expectInvalid = [](const std::function<void()>& call, const std::string& fragment) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected " << fragment;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  Buffer f(DataType::Float32, 4), b(DataType::Bool, 4);
+  std::vector<Tensor> tf{f.tensor()}, tb{b.tensor()}, none;
+  expectInvalid([&] { gBackend->allreduce(tf, AllreduceOptions{.reduceOp = ReduceOp::BXor}); },
+                "bxor is not defined for float32");
+  expectInvalid([&] { gBackend->allreduce(tb, AllreduceOptions{.reduceOp = ReduceOp::Avg}); },
+                "avg is not defined for bool");
+  expectInvalid([&] { gBackend->allreduce(none); }, "exactly one tensor");
+  expectInvalid([&] { gBackend->broadcast(tf, BroadcastOptions{.rootRank = N}); },
+                fmt::format("root rank {} is not in [0, {})", N, N));
+  expectInvalid([&] { gBackend->reduce(tf, ReduceOptions{.rootRank = -1}); }, "root rank -1");
+  expectInvalid([&] { gBackend->send(tf, R, 0); }, "is not another rank");
+  expectInvalid([&] { gBackend->recv(tf, 0, -3); }, N > 1 && R != 0 ? "tag -3 is negative" : "");
+  Tensor out = f.tensor(), in = f.tensor();
+  if (N > 1)
+    expectInvalid([&] { gBackend->_allgather_base(out, in); },
+                  "_allgather_base: the output must be");
+  std::vector<int64_t> bad{1}, empty;
+  if (N > 1) expectInvalid([&] { gBackend->alltoall_base(out, in, empty, bad); }, "split sizes");
+  // The group still works afterwards.
+  gBackend->barrier()->wait();
+}
+
+// Operations that repeat (a training loop's) allocate their Work and their
+// Operation on the caller's thread and nothing else: schedules are shared,
+// the engine reuses its per-operation state, and its queues, polling and
+// spinning never allocate. Counted over every thread of the process by the
+// replaced operator new below; a count, not a timing.
+TEST(Allocations, RepeatedOperationsAllocateOnlyTheirWorkAndOperation) {
+  std::vector<float> data(8, 1.0f), gathered(8 * static_cast<size_t>(N)), peerData(8, 0.0f);
+  std::vector<Tensor> one{Tensor{data.data(), data.size(), DataType::Float32}};
+  std::vector<Tensor> p2p{Tensor{peerData.data(), peerData.size(), DataType::Float32}};
+  Tensor in{data.data(), data.size(), DataType::Float32};
+  Tensor out{gathered.data(), gathered.size(), DataType::Float32};
+  int ops = 0;
+  auto round = [&] {
+    gBackend->allreduce(one)->wait();
+    gBackend->broadcast(one, BroadcastOptions{.rootRank = N - 1})->wait();
+    gBackend->_allgather_base(out, in)->wait();
+    gBackend->barrier()->wait();
+    ops += 4;
+    if (N >= 2 && R < 2) {  // a send and a receive between ranks 0 and 1
+      if (R == 0) gBackend->send(p2p, 1, 5)->wait();
+      gBackend->recv(p2p, 1 - R, 5)->wait();
+      if (R == 1) gBackend->send(p2p, 0, 5)->wait();
+      ops += 2;
+    }
+  };
+  for (int i = 0; i < 20; ++i) round();  // pools, the schedule cache and the queues fill
+  ops = 0;
+  const uint64_t before = rdmacc::test::allocationCount();
+  for (int i = 0; i < 100; ++i) round();
+  const uint64_t counted = rdmacc::test::allocationCount() - before;
+  fmt::print("rank {}: {} allocations for {} operations\n", R, counted, ops);
+  // Two per operation (Work, Operation), and a little for queues that grow
+  // in blocks (the engine's list of collectives).
+  EXPECT_LE(counted, static_cast<uint64_t>(2 * ops + 16))
+      << counted << " allocations for " << ops << " operations";
+}
+
+}  // namespace
+}  // namespace rdmacc::suite
