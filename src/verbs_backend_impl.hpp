@@ -196,8 +196,14 @@ struct VerbsBackend::Impl {
     return algo;
   }
 
+  // Hierarchical allreduce and barrier whenever the group is layered
+  // (measured: fewer and shared network steps); hierarchical broadcast and
+  // reduce only when ranks of a host are not consecutive: with consecutive
+  // ones the flat chain or tree already crosses each host boundary once, and
+  // forwards one copy per rank (docs/performance.md, the hierarchical table).
   Algorithm automatic(std::string_view collective, size_t bytes) const {
-    if (hosts.layered()) return Algorithm::Hierarchical;
+    const bool topological = collective == "allreduce" || collective == "barrier";
+    if (hosts.layered() && (topological || !hosts.contiguous())) return Algorithm::Hierarchical;
     if (collective == "barrier") return Algorithm::Dissemination;
     if (collective == "reduce") return Algorithm::Tree;
     if (bytes > treeMaxBytes) return Algorithm::Ring;

@@ -75,6 +75,10 @@ struct Hosts {
   // Whether a hierarchy differs from the flat group: several hosts, one of
   // them with several ranks.
   bool layered() const { return count() > 1 && largest() > 1; }
+  // Every host's ranks are consecutive (as torchrun and mpirun --map-by node
+  // number them): a chain or binomial tree in rank order then crosses the
+  // network about as seldom as the hierarchical one.
+  bool contiguous() const;
 };
 
 // hierarchical.cpp: through each host, then across hosts (see there).

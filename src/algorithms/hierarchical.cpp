@@ -39,6 +39,12 @@ size_t Hosts::largest() const {
   return most;
 }
 
+bool Hosts::contiguous() const {
+  return std::all_of(members.begin(), members.end(), [](const auto& m) {
+    return m.back() - m.front() + 1 == static_cast<int>(m.size());
+  });
+}
+
 bool Hosts::uniform() const {
   return std::all_of(members.begin(), members.end(),
                      [&](const auto& m) { return m.size() == members.front().size(); });

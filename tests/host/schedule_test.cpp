@@ -402,6 +402,9 @@ TEST(Hierarchical, HostsNumberRanksByHost) {
   EXPECT_TRUE(h.layered());
   EXPECT_FALSE(algorithms::Hosts({0, 1, 2}).layered());
   EXPECT_FALSE(algorithms::Hosts::single(4).layered());
+  EXPECT_FALSE(h.contiguous());
+  EXPECT_TRUE(algorithms::Hosts({0, 0, 1, 1, 1}).contiguous());
+  EXPECT_FALSE(algorithms::Hosts({0, 1, 0, 1}).contiguous());
   EXPECT_THROW(algorithms::Hosts({1, 0}), std::invalid_argument);
   EXPECT_THROW(algorithms::Hosts({0, 2, 1}), std::invalid_argument);
 }
