@@ -60,6 +60,12 @@ def span(values, fmt):
     return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
 
 
+def med(values):
+    """The median (the upper one of an even count), None for no values."""
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
 def wrong(docs):
     total = sum(r["wrong"] or 0 for d in docs for r in d["rows"])
     return "0" if total == 0 else f"**{total}**"
@@ -97,10 +103,6 @@ def loss_table(directory):
            f"| loss on host 2's link | allreduce {small} time | allreduce {big} busbw "
            f"| allgather {big} busbw | ratio allreduce / allgather | wrong elements | runs completed |",
            "|---|---|---|---|---|---|---|"]
-
-    def med(values):
-        values = sorted(values)
-        return values[len(values) // 2] if values else None
 
     def busbw(name, coll):
         return [row(d, -1)["busbw_gbs"] for d in runs.get((name, coll), []) if row(d, -1)]
@@ -182,10 +184,6 @@ def hier_table(directory):
            "flat of the medians (below 1 is faster for times, above 1 for busbw).", "",
            "| case | size | flat | hierarchical | ratio | wrong elements | runs completed |",
            "|---|---|---|---|---|---|---|"]
-
-    def med(values):
-        values = sorted(values)
-        return values[len(values) // 2] if values else None
 
     # by collective, small sizes before large
     names = sorted({k[0] for k in runs}, key=lambda n: (n.split("-")[0], n.endswith("-large")))
