@@ -54,8 +54,8 @@ namespace {
 
 using Builder = std::function<Schedule(int index, int size)>;
 
-// `sub` was built for index `self` of a subgroup whose index i is rank
-// members[i]: the same steps with peers as ranks.
+// `sub` was built for a subgroup whose index i is rank members[i]: the same
+// steps with peers as ranks.
 Schedule onRanks(Schedule sub, const std::vector<int>& members) {
   for (Step& s : sub) {
     for (SendSpec& send : s.sends) send.peer = members[static_cast<size_t>(send.peer)];
