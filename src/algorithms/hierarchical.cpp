@@ -7,6 +7,7 @@
 // whose rank counts differ.
 #include <algorithm>
 #include <functional>
+#include <set>
 #include <stdexcept>
 
 #include "src/algorithms/algorithms.hpp"
@@ -73,11 +74,14 @@ void append(Schedule& out, Schedule part, size_t steps) {
 
 // The length of a phase that runs `build` in each of `groups`: every index of
 // one subgroup has the same number of steps (the engine matches on them).
+// Built once per distinct subgroup size, not once per host.
 size_t longest(const std::vector<std::vector<int>>& groups, const Builder& build) {
-  size_t steps = 0;
+  std::set<size_t> sizes;
   for (const auto& g : groups) {
-    if (!g.empty()) steps = std::max(steps, build(0, static_cast<int>(g.size())).size());
+    if (!g.empty()) sizes.insert(g.size());
   }
+  size_t steps = 0;
+  for (size_t n : sizes) steps = std::max(steps, build(0, static_cast<int>(n)).size());
   return steps;
 }
 
