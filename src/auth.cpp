@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -119,17 +120,23 @@ Mac mac(std::string_view key, std::string_view label, std::span<const uint8_t> f
   return out;
 }
 
-bool same(const Mac& mac, const uint8_t* other) noexcept {
-  return CRYPTO_memcmp(mac.data(), other, mac.size()) == 0;
+bool same(const Mac& mac, const uint8_t* other, size_t bytes) noexcept {
+  return CRYPTO_memcmp(mac.data(), other, std::min(bytes, mac.size())) == 0;
 }
 
-uint64_t groupToken(std::string_view key, std::string_view group, std::string_view salt) {
-  const Mac m = mac(key, "rdmacc group token",
+std::string groupSecret(std::string_view key, std::string_view group, std::string_view salt) {
+  const Mac m = mac(key, "rdmacc group secret",
                     std::span(reinterpret_cast<const uint8_t*>(group.data()), group.size()),
                     std::span(reinterpret_cast<const uint8_t*>(salt.data()), salt.size()));
-  uint64_t token = 0;
-  std::memcpy(&token, m.data(), sizeof token);
-  return token;
+  return {reinterpret_cast<const char*>(m.data()), m.size()};
+}
+
+std::string randomHex() {
+  const Nonce n = nonce();
+  std::string text;
+  text.reserve(2 * n.size());
+  for (uint8_t b : n) text += fmt::format("{:02x}", b);
+  return text;
 }
 
 }  // namespace rdmacc::auth

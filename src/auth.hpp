@@ -1,8 +1,8 @@
 // The shared secret of a job (RDMACC_AUTH_KEY or RDMACC_AUTH_KEY_FILE) and
 // what it is used for: the TCP store's challenge-response (HMAC-SHA256 over
 // both sides' nonces, so neither the key nor a reusable answer travels) and
-// the group token of the rdma_cm handshake, derived from the key and a salt
-// in the store rather than stored itself.
+// the secret of the rdma_cm handshake, derived from the key and a salt in
+// the store rather than stored itself.
 #pragma once
 
 #include <array>
@@ -35,12 +35,17 @@ Nonce nonce();
 Mac mac(std::string_view key, std::string_view label, std::span<const uint8_t> first,
         std::span<const uint8_t> second);
 
-// Constant-time comparison of a MAC with kMacBytes bytes at `other`.
-bool same(const Mac& mac, const uint8_t* other) noexcept;
+// Constant-time comparison of the first `bytes` (at most kMacBytes) of a MAC
+// with the bytes at `other`.
+bool same(const Mac& mac, const uint8_t* other, size_t bytes = kMacBytes) noexcept;
 
-// The rdma_cm handshake token of a group: from the key, the group's name
-// and the salt rank 0 published (a stolen token of one group or run says
-// nothing about another's).
-uint64_t groupToken(std::string_view key, std::string_view group, std::string_view salt);
+// The secret that keys the proofs of a group's rdma_cm hellos
+// (src/handshake.hpp): from the key, the group's name and the salt rank 0
+// published; 32 bytes. Without the key nobody can compute it from what the
+// store or the fabric shows.
+std::string groupSecret(std::string_view key, std::string_view group, std::string_view salt);
+
+// Hexadecimal text of a fresh nonce (a salt, or a group secret without a key).
+std::string randomHex();
 
 }  // namespace rdmacc::auth

@@ -102,7 +102,7 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_STORE_PORT", Int, "0", "",
     "port of the launcher's store when RDMACC_AGENT_STORE=1; 0: MASTER_PORT (rdmacc-run sets it, leaving MASTER_PORT to torch.distributed)", 0, 65535},
   OptionSpec{"RDMACC_AUTH_KEY", String, "", "",
-    "shared secret of the job: store clients must prove they hold it (challenge-response, HMAC-SHA256) and the rdma_cm group token is derived from it; empty: no authentication (see docs/security.md)", 0, 0, true},
+    "shared secret of the job: store clients must prove they hold it (challenge-response, HMAC-SHA256) and the secret that rdma_cm connect requests prove (never send) is derived from it; empty: no authentication (see docs/security.md)", 0, 0, true},
   OptionSpec{"RDMACC_AUTH_KEY_FILE", String, "", "",
     "file holding the shared secret instead (mode 600; one line), so that the key is not in every process's environment", 0, 0},
   OptionSpec{"RDMACC_LOG_LEVEL", String, "warn", "",

@@ -1,5 +1,9 @@
 #include "src/handshake.hpp"
 
+#include "src/auth.hpp"
+
+#include <algorithm>
+
 namespace rdmacc::handshake {
 namespace {
 
@@ -16,7 +20,25 @@ T get(const uint8_t*& p) {
   return static_cast<T>(v);
 }
 
+// The bytes the proof covers: every field before it, then the direction
+// and the sender's queue pair number.
+auth::Mac expectedProof(const Hello& h, std::string_view secret, Direction direction,
+                        uint32_t senderQpn) {
+  auto bytes = encode(h);
+  std::array<uint8_t, 5> context{};
+  uint8_t* p = context.data();
+  put<uint8_t>(p, static_cast<uint8_t>(direction));
+  put<uint32_t>(p, senderQpn);
+  return auth::mac(secret, "rdmacc hello", std::span(bytes.data(), kHelloBytes - kProofBytes),
+                   context);
+}
+
 }  // namespace
+
+void seal(Hello& hello, std::string_view secret, Direction direction, uint32_t senderQpn) {
+  const auto mac = expectedProof(hello, secret, direction, senderQpn);
+  std::copy_n(mac.begin(), kProofBytes, hello.proof.begin());
+}
 
 const char* toString(RejectReason reason) noexcept {
   switch (reason) {
@@ -25,7 +47,7 @@ const char* toString(RejectReason reason) noexcept {
     case RejectReason::BadVersion:
       return "protocol version mismatch";
     case RejectReason::BadToken:
-      return "wrong group token (a process of another job or group)";
+      return "wrong group token (a process of another job or group, or a replayed request)";
     case RejectReason::BadRank:
       return "rank out of range or not expected to connect";
     case RejectReason::WrongTarget:
@@ -51,8 +73,8 @@ std::array<uint8_t, kHelloBytes> encode(const Hello& h) {
   put<uint32_t>(p, h.rank);
   put<uint32_t>(p, h.targetRank);
   put<uint32_t>(p, h.worldSize);
-  put<uint64_t>(p, h.token);
   put<uint32_t>(p, h.activeMtu);
+  std::copy(h.proof.begin(), h.proof.end(), p);
   return out;
 }
 
@@ -66,8 +88,8 @@ std::optional<Hello> decodeHello(std::span<const uint8_t> bytes) {
   h.rank = get<uint32_t>(p);
   h.targetRank = get<uint32_t>(p);
   h.worldSize = get<uint32_t>(p);
-  h.token = get<uint64_t>(p);
   h.activeMtu = get<uint32_t>(p);
+  std::copy_n(p, kProofBytes, h.proof.begin());
   return h;
 }
 
@@ -92,13 +114,16 @@ std::optional<RejectReason> decodeReject(std::span<const uint8_t> bytes) {
 
 std::optional<RejectReason> validate(const Hello& h, const Expectation& e) {
   if (h.version != kVersion) return RejectReason::BadVersion;
-  if (h.token != e.token) return RejectReason::BadToken;
   if (h.worldSize != e.worldSize) return RejectReason::WorldSizeMismatch;
   if (h.targetRank != e.myRank) return RejectReason::WrongTarget;
   if (h.rank >= e.worldSize || h.rank < e.minPeer || h.rank > e.maxPeer || h.rank == e.myRank) {
     return RejectReason::BadRank;
   }
   if (h.qpIndex >= e.qpsPerPeer) return RejectReason::BadQpIndex;
+  // Last, so that a member of the group with another configuration learns
+  // what differs rather than "wrong token".
+  const auto proof = expectedProof(h, e.secret, e.direction, e.senderQpn);
+  if (!auth::same(proof, h.proof.data(), kProofBytes)) return RejectReason::BadToken;
   return std::nullopt;
 }
 

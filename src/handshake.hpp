@@ -1,5 +1,12 @@
 // The private data of rdma_cm connect, accept and reject messages. Pure: no
 // device needed, tested on the host. Fields are little-endian on the wire.
+//
+// A hello proves that its sender holds the group's secret without carrying
+// it: `proof` is an HMAC-SHA256 (keyed with the secret, truncated to 128 bits)
+// over the hello's other fields, its direction (request or reply) and the
+// sender's queue pair number, which rdma_cm carries beside the private data.
+// A hello seen on the fabric is useless for another rank pair, direction,
+// queue pair, group or run, and the secret never crosses the network.
 #pragma once
 
 #include <array>
@@ -7,12 +14,14 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace rdmacc::handshake {
 
 constexpr uint32_t kMagic = 0x43434452;  // "RDCC"
-constexpr uint16_t kVersion = 2;
-constexpr size_t kHelloBytes = 32;  // fits the 56 bytes of an IB CM REQ
+constexpr uint16_t kVersion = 3;
+constexpr size_t kProofBytes = 16;
+constexpr size_t kHelloBytes = 24 + kProofBytes;  // fits the 56 bytes of an IB CM REQ
 constexpr size_t kRejectBytes = 8;
 
 // Sent by the connecting side in the REQ and by the accepting side in the REP.
@@ -22,9 +31,11 @@ struct Hello {
   uint32_t rank = 0;        // sender
   uint32_t targetRank = 0;  // receiver
   uint32_t worldSize = 0;
-  uint64_t token = 0;      // the group's random token from the store
-  uint32_t activeMtu = 0;  // sender port's active MTU, bytes
+  uint32_t activeMtu = 0;                    // sender port's active MTU, bytes
+  std::array<uint8_t, kProofBytes> proof{};  // see seal()
 };
+
+enum class Direction : uint8_t { Request = 1, Reply = 2 };
 
 enum class RejectReason : uint8_t {
   Malformed = 1,
@@ -39,6 +50,10 @@ enum class RejectReason : uint8_t {
 };
 const char* toString(RejectReason reason) noexcept;
 
+// Sets hello.proof for `secret` (the group's, see Mesh), the direction and
+// the sender's queue pair number.
+void seal(Hello& hello, std::string_view secret, Direction direction, uint32_t senderQpn);
+
 std::array<uint8_t, kHelloBytes> encode(const Hello& hello);
 // nullopt when the bytes are not an rdmacc hello (too short, wrong magic).
 // Longer input is fine: IB CM pads private data to its full size.
@@ -51,7 +66,9 @@ std::optional<RejectReason> decodeReject(std::span<const uint8_t> bytes);
 struct Expectation {
   uint32_t myRank = 0;
   uint32_t worldSize = 0;
-  uint64_t token = 0;
+  std::string_view secret;                   // the group's
+  Direction direction = Direction::Request;  // of the hello received
+  uint32_t senderQpn = 0;                    // as rdma_cm reported it with the hello
   uint32_t qpsPerPeer = 1;
   // Inclusive range of ranks allowed to send this hello.
   uint32_t minPeer = 0;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <random>
 #include <thread>
 
 #include <fmt/format.h>
@@ -33,10 +32,23 @@ std::string rankList(const std::vector<int>& ranks) {
   return fmt::format("{}", fmt::join(ranks, ", "));
 }
 
-uint64_t randomToken() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-         static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+// The group secret or salt rank 0 published: hostile input, like any value
+// in the store.
+std::string publishedHex(Store& store, const std::string& key) {
+  std::string text = toString(store.get(key));
+  const bool hex =
+      !text.empty() && text.size() <= 128 && std::all_of(text.begin(), text.end(), [](char c) {
+        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+      });
+  if (!hex) {
+    throw Error(ErrorKind::Protocol,
+                fmt::format("the store's '{}' is not what rank 0 publishes (1-128 lowercase hex "
+                            "digits; {} bytes)",
+                            key, text.size()),
+                "another program or an older rdmacc may share this store; give each job its own "
+                "MASTER_PORT");
+  }
+  return text;
 }
 
 }  // namespace
@@ -61,7 +73,7 @@ struct Mesh::Setup {
 
   Mesh& mesh;
   Store& store;
-  uint64_t token;
+  std::string secret;  // keys the proofs of hellos (src/handshake.hpp)
   Clock::time_point deadline;
   std::chrono::milliseconds connectTimeout;
   std::vector<std::optional<std::pair<std::string, uint16_t>>> addresses;  // of lower ranks
@@ -77,13 +89,27 @@ struct Mesh::Setup {
   int needed() const { return mesh.connectedPeers() * mesh.qpsPerPeer_; }
   bool skipped(int peer) const { return mesh.skip_[static_cast<size_t>(peer)]; }
 
-  handshake::Hello hello(int peer, int q) const {
-    return handshake::Hello{.qpIndex = static_cast<uint16_t>(q),
-                            .rank = static_cast<uint32_t>(mesh.rank_),
-                            .targetRank = static_cast<uint32_t>(peer),
-                            .worldSize = static_cast<uint32_t>(mesh.size_),
-                            .token = token,
-                            .activeMtu = static_cast<uint32_t>(mesh.endpoint_.activeMtu)};
+  std::array<uint8_t, handshake::kHelloBytes> hello(int peer, int q, handshake::Direction direction,
+                                                    const ibv_qp* qp) const {
+    handshake::Hello h{.qpIndex = static_cast<uint16_t>(q),
+                       .rank = static_cast<uint32_t>(mesh.rank_),
+                       .targetRank = static_cast<uint32_t>(peer),
+                       .worldSize = static_cast<uint32_t>(mesh.size_),
+                       .activeMtu = static_cast<uint32_t>(mesh.endpoint_.activeMtu)};
+    handshake::seal(h, secret, direction, qp->qp_num);
+    return handshake::encode(h);
+  }
+
+  handshake::Expectation expect(handshake::Direction direction, const rdma_cm_event* event,
+                                int minPeer, int maxPeer) const {
+    return {.myRank = static_cast<uint32_t>(mesh.rank_),
+            .worldSize = static_cast<uint32_t>(mesh.size_),
+            .secret = secret,
+            .direction = direction,
+            .senderQpn = event->param.conn.qp_num,
+            .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
+            .minPeer = static_cast<uint32_t>(minPeer),
+            .maxPeer = static_cast<uint32_t>(maxPeer)};
   }
 
   verbs::QpParams paramsFor(int remoteMtu) const {
@@ -156,12 +182,8 @@ struct Mesh::Setup {
     if (!theirs) {
       reason = handshake::RejectReason::Malformed;
     } else {
-      reason = handshake::validate(*theirs, {.myRank = static_cast<uint32_t>(mesh.rank_),
-                                             .worldSize = static_cast<uint32_t>(mesh.size_),
-                                             .token = token,
-                                             .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
-                                             .minPeer = static_cast<uint32_t>(mesh.rank_ + 1),
-                                             .maxPeer = static_cast<uint32_t>(mesh.size_ - 1)});
+      reason = handshake::validate(
+          *theirs, expect(handshake::Direction::Request, event, mesh.rank_ + 1, mesh.size_ - 1));
       if (!reason && skipped(static_cast<int>(theirs->rank))) {
         reason = handshake::RejectReason::WrongTarget;  // we reach it through shared memory
       } else if (!reason && slot(static_cast<int>(theirs->rank), theirs->qpIndex) != nullptr) {
@@ -193,7 +215,7 @@ struct Mesh::Setup {
     a.pathMtu = verbs::mtuBytes(params.pathMtu);
     verbs::moveToRtr(a.qp.get(), a.id.get(), params);
     verbs::moveToRts(a.qp.get(), a.id.get(), params);
-    auto mine = handshake::encode(hello(peer, q));
+    auto mine = hello(peer, q, handshake::Direction::Reply, a.qp.get());
     verbs::accept(a.id.get(), {.privateData = mine,
                                .qpNum = a.qp->qp_num,
                                .retryCount = params.retryCount,
@@ -210,7 +232,7 @@ struct Mesh::Setup {
         break;
       case RDMA_CM_EVENT_ROUTE_RESOLVED: {
         a.qp = makeQp(a.id.get(), a.peer, a.qpIndex);
-        auto mine = handshake::encode(hello(a.peer, a.qpIndex));
+        auto mine = hello(a.peer, a.qpIndex, handshake::Direction::Request, a.qp.get());
         verbs::connect(a.id.get(), {.privateData = mine,
                                     .qpNum = a.qp->qp_num,
                                     .retryCount = mesh.params_.retryCount,
@@ -219,13 +241,8 @@ struct Mesh::Setup {
       }
       case RDMA_CM_EVENT_CONNECT_RESPONSE: {
         auto theirs = handshake::decodeHello(verbs::privateData(event));
-        auto reason = theirs ? handshake::validate(
-                                   *theirs, {.myRank = static_cast<uint32_t>(mesh.rank_),
-                                             .worldSize = static_cast<uint32_t>(mesh.size_),
-                                             .token = token,
-                                             .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
-                                             .minPeer = static_cast<uint32_t>(a.peer),
-                                             .maxPeer = static_cast<uint32_t>(a.peer)})
+        auto reason = theirs ? handshake::validate(*theirs, expect(handshake::Direction::Reply,
+                                                                   event, a.peer, a.peer))
                              : std::optional(handshake::RejectReason::Malformed);
         if (reason) {
           throw Error(ErrorInfo{
@@ -489,18 +506,19 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     }
 
     log(LogLevel::Debug, "rank {}: rdma_cm listening on port {}", rank, port);
-    // The group token every connect request carries. With a shared secret
-    // (RDMACC_AUTH_KEY) it is derived from the key and a salt, so the store
-    // holds nothing that lets a stranger in; else rank 0 draws it.
-    uint64_t token = 0;
+    // The secret every hello proves it holds (never sent: src/handshake.hpp).
+    // With a shared key (RDMACC_AUTH_KEY) it is derived from the key and a
+    // salt, so the store holds nothing that lets a stranger in; else rank 0
+    // draws it and the store holds it.
+    std::string secret;
     if (const std::string key = auth::loadKey(config); !key.empty()) {
-      if (rank == 0) groupStore.set("token-salt", toBytes(std::to_string(randomToken())));
-      token = auth::groupToken(key, options.group, toString(groupStore.get("token-salt")));
+      if (rank == 0) groupStore.set("token-salt", toBytes(auth::randomHex()));
+      secret = auth::groupSecret(key, options.group, publishedHex(groupStore, "token-salt"));
     } else if (rank == 0) {
-      token = randomToken();
-      groupStore.set("token", toBytes(std::to_string(token)));
+      secret = auth::randomHex();
+      groupStore.set("token", toBytes(secret));
     } else {
-      token = storeNumber(groupStore.get("token"), UINT64_MAX, "token");
+      secret = publishedHex(groupStore, "token");
     }
     groupStore.set(fmt::format("addr/{}", rank),
                    toBytes(fmt::format("{}:{}", endpoint_.ipv4, port)));
@@ -510,7 +528,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
 
     Setup setup{.mesh = *this,
                 .store = groupStore,
-                .token = token,
+                .secret = std::move(secret),
                 .deadline = deadline,
                 .connectTimeout = connectTimeout,
                 .addresses = std::vector<std::optional<std::pair<std::string, uint16_t>>>(

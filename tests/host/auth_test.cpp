@@ -137,7 +137,7 @@ TEST(AuthKey, ForgedProofsAndOversizedFramesBeforeAuthenticationAreDropped) {
   EXPECT_EQ(toString(good.get("survivor")), "yes");
 }
 
-TEST(AuthKey, MacsAndGroupTokensDependOnEveryInput) {
+TEST(AuthKey, MacsAndGroupSecretsDependOnEveryInput) {
   const auth::Nonce a = auth::nonce(), b = auth::nonce();
   EXPECT_NE(a, b);
   const auth::Mac m = auth::mac("k", "label", a, b);
@@ -149,11 +149,17 @@ TEST(AuthKey, MacsAndGroupTokensDependOnEveryInput) {
   auth::Mac other = m;
   other[31] ^= 1;
   EXPECT_FALSE(auth::same(m, other.data()));
-  const uint64_t t = auth::groupToken("k", "default", "salt");
-  EXPECT_EQ(t, auth::groupToken("k", "default", "salt"));
-  EXPECT_NE(t, auth::groupToken("k", "torch-1", "salt"));
-  EXPECT_NE(t, auth::groupToken("k", "default", "salt2"));
-  EXPECT_NE(t, auth::groupToken("k2", "default", "salt"));
+  EXPECT_TRUE(auth::same(m, other.data(), 31));  // a prefix
+  const std::string t = auth::groupSecret("k", "default", "salt");
+  EXPECT_EQ(t.size(), 32u);
+  EXPECT_EQ(t, auth::groupSecret("k", "default", "salt"));
+  EXPECT_NE(t, auth::groupSecret("k", "torch-1", "salt"));
+  EXPECT_NE(t, auth::groupSecret("k", "default", "salt2"));
+  EXPECT_NE(t, auth::groupSecret("k2", "default", "salt"));
+  const std::string h = auth::randomHex();
+  EXPECT_EQ(h.size(), 64u);
+  EXPECT_EQ(h.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(h, auth::randomHex());
 }
 
 std::string keyFile(const std::string& contents, mode_t mode) {

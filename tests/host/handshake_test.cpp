@@ -5,19 +5,26 @@
 namespace rdmacc::handshake {
 namespace {
 
+constexpr std::string_view kSecret = "0123456789abcdef0123456789abcdef";
+constexpr uint32_t kQpn = 0x1234;
+
+// Fields of rank 5's request to rank 2, not sealed.
+Hello unsealed() {
+  return Hello{.qpIndex = 1, .rank = 5, .targetRank = 2, .worldSize = 8, .activeMtu = 4096};
+}
+
 Hello sample() {
-  return Hello{.qpIndex = 1,
-               .rank = 5,
-               .targetRank = 2,
-               .worldSize = 8,
-               .token = 0x0123456789abcdefull,
-               .activeMtu = 4096};
+  Hello h = unsealed();
+  seal(h, kSecret, Direction::Request, kQpn);
+  return h;
 }
 
 Expectation expectation() {
   return Expectation{.myRank = 2,
                      .worldSize = 8,
-                     .token = 0x0123456789abcdefull,
+                     .secret = kSecret,
+                     .direction = Direction::Request,
+                     .senderQpn = kQpn,
                      .qpsPerPeer = 2,
                      .minPeer = 3,
                      .maxPeer = 7};
@@ -31,7 +38,7 @@ TEST(Handshake, HelloRoundTripsAndToleratesPadding) {
   ASSERT_TRUE(back);
   EXPECT_EQ(back->rank, 5u);
   EXPECT_EQ(back->targetRank, 2u);
-  EXPECT_EQ(back->token, 0x0123456789abcdefull);
+  EXPECT_EQ(back->proof, sample().proof);
   EXPECT_EQ(back->activeMtu, 4096u);
   EXPECT_EQ(back->qpIndex, 1u);
 }
@@ -51,7 +58,7 @@ TEST(Handshake, ValidationNamesEachProblem) {
     change(h);
     return validate(h, expectation());
   };
-  EXPECT_EQ(with([](Hello& h) { h.token ^= 1; }), RejectReason::BadToken);
+  EXPECT_EQ(with([](Hello& h) { h.proof[0] ^= 1; }), RejectReason::BadToken);
   EXPECT_EQ(with([](Hello& h) { h.version = 99; }), RejectReason::BadVersion);
   EXPECT_EQ(with([](Hello& h) { h.worldSize = 4; }), RejectReason::WorldSizeMismatch);
   EXPECT_EQ(with([](Hello& h) { h.targetRank = 3; }), RejectReason::WrongTarget);
@@ -60,6 +67,45 @@ TEST(Handshake, ValidationNamesEachProblem) {
   EXPECT_EQ(with([](Hello& h) { h.rank = 8; }), RejectReason::BadRank);
   EXPECT_EQ(with([](Hello& h) { h.rank = 2; }), RejectReason::BadRank);
   EXPECT_EQ(with([](Hello& h) { h.qpIndex = 2; }), RejectReason::BadQpIndex);
+}
+
+// The proof binds every field, the direction and the sender's queue pair:
+// a hello seen on the fabric (connect requests are not encrypted) cannot be
+// replayed from another queue pair, as a reply, to another rank or with
+// another field changed; without the secret none can be made.
+TEST(Handshake, AProofIsBoundToItsFieldsDirectionAndQueuePair) {
+  const Hello seen = sample();
+  auto replayed = [&](auto change) {
+    Expectation e = expectation();
+    Hello h = seen;
+    change(h, e);
+    return validate(h, e);
+  };
+  EXPECT_EQ(replayed([](Hello&, Expectation& e) { e.senderQpn = kQpn + 1; }),
+            RejectReason::BadToken);
+  EXPECT_EQ(replayed([](Hello&, Expectation& e) { e.direction = Direction::Reply; }),
+            RejectReason::BadToken);
+  EXPECT_EQ(replayed([](Hello&, Expectation& e) { e.secret = "another group's secret"; }),
+            RejectReason::BadToken);
+  EXPECT_EQ(replayed([](Hello& h, Expectation&) { h.activeMtu = 1024; }), RejectReason::BadToken);
+  EXPECT_EQ(replayed([](Hello& h, Expectation&) { h.rank = 6; }), RejectReason::BadToken);
+  EXPECT_EQ(replayed([](Hello& h, Expectation&) { h.qpIndex = 0; }), RejectReason::BadToken);
+  EXPECT_EQ(replayed([](Hello& h, Expectation& e) {
+              h.targetRank = 3;
+              e.myRank = 3;
+              e.minPeer = 4;
+            }),
+            RejectReason::BadToken);
+  // A proof made with the wrong secret fails; resealing with the right one passes.
+  Hello forged = unsealed();
+  seal(forged, "guess", Direction::Request, kQpn);
+  EXPECT_EQ(validate(forged, expectation()), RejectReason::BadToken);
+  seal(forged, kSecret, Direction::Request, kQpn);
+  EXPECT_FALSE(validate(forged, expectation()));
+  // The secret itself is nowhere in the bytes on the wire.
+  const auto bytes = encode(seen);
+  const std::string wire(bytes.begin(), bytes.end());
+  EXPECT_EQ(wire.find(kSecret.substr(0, 8)), std::string::npos);
 }
 
 TEST(Handshake, RejectRoundTrips) {
