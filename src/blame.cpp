@@ -35,12 +35,17 @@ std::optional<std::vector<int>> parseRanks(const std::string& text, int size) {
 }  // namespace
 
 std::vector<int> stuckOn(Store& store, const std::string& prefix, int rank, int size,
-                         const std::vector<int>& awaited, std::chrono::milliseconds grace) {
+                         const std::vector<int>& awaited, std::chrono::milliseconds grace,
+                         bool* storeAnswered) {
+  if (storeAnswered != nullptr) *storeAnswered = true;
   auto key = [&](int r) { return fmt::format("{}/{}", prefix, r); };
   std::set<int> roots;
+  const auto deadline = Clock::now() + grace;
+  // Every call ends by the deadline, even when the store's host is the
+  // stopped rank (its server frozen with it).
+  const CallBudget budget(deadline);
   try {
     store.set(key(rank), toBytes(fmt::format("{}", fmt::join(awaited, ","))));
-    const auto deadline = Clock::now() + grace;
     std::set<int> visited{rank};
     std::vector<int> pending(awaited.rbegin(), awaited.rend());
     while (!pending.empty()) {
@@ -71,6 +76,7 @@ std::vector<int> stuckOn(Store& store, const std::string& prefix, int rank, int 
     }
   } catch (const Error&) {
     // best effort: the store may be what failed
+    if (storeAnswered != nullptr) *storeAnswered = false;
   }
   return {roots.begin(), roots.end()};
 }

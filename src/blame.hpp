@@ -16,15 +16,21 @@
 namespace rdmacc {
 
 // Publishes that `rank` waits for `awaited` under `prefix` (one key per
-// rank: the operation's, the same on every rank), then follows the chains
+// rank: the group's, the same on every rank; not the operation's, since the
+// ranks of a stuck group need not be in the same operation: a rank that got
+// all its data goes on to the next collective and waits there for one still
+// stuck in the previous), then follows the chains
 // from `awaited` through the other ranks' reports, waiting up to `grace` in
 // all for reports not there yet. Returns the ranks at the ends of the
 // chains, ascending; empty when every chain ends in a cycle (ranks waiting
 // for each other: different collectives, not a stuck rank). A report that
 // is not a list of ranks of the group (hostile or corrupt) ends its chain at
 // the rank that wrote it. Store errors end the search (best effort: the
-// timeout is reported either way).
+// timeout is reported either way), and so does `grace` even when the store's
+// host is frozen (CallBudget; torch's stores bound only their waits).
+// *storeAnswered (when given) says whether every store call succeeded.
 std::vector<int> stuckOn(Store& store, const std::string& prefix, int rank, int size,
-                         const std::vector<int>& awaited, std::chrono::milliseconds grace);
+                         const std::vector<int>& awaited, std::chrono::milliseconds grace,
+                         bool* storeAnswered = nullptr);
 
 }  // namespace rdmacc

@@ -235,18 +235,19 @@ struct Engine::Impl final : TransportSink, Steppable {
     // A collective: follow who the awaited ranks wait for (blame.hpp), so
     // that every rank names the one the group is stuck on, not its neighbour.
     std::vector<int> stuck;
+    bool storeAnswered = true;
+    const auto grace = std::min<std::chrono::milliseconds>(
+        kStuckGrace, std::max(op.timeout, std::chrono::milliseconds(100)));
     if (!op.pointToPoint && !waiting.empty()) {
-      stuck = stuckOn(store, fmt::format("rdmacc/stuck/{}/{}", options.group, op.sequence), rank,
-                      size, waiting,
-                      std::min<std::chrono::milliseconds>(
-                          kStuckGrace, std::max(op.timeout, std::chrono::milliseconds(100))));
+      stuck = stuckOn(store, fmt::format("rdmacc/stuck/{}", options.group), rank, size, waiting,
+                      grace, &storeAnswered);
     }
     const bool sameAsWaiting = stuck.empty() || stuck == waiting;
     const std::vector<int>& culprits = sameAsWaiting ? waiting : stuck;
     breakGroup(Error(ErrorInfo{
         .kind = ErrorKind::Timeout,
         .message = fmt::format(
-            "{} timed out after {} ms{}{}", op.description(), op.timeout.count(),
+            "{} timed out after {} ms{}{}{}", op.description(), op.timeout.count(),
             waiting.empty()
                 ? std::string()
                 : fmt::format(", still waiting for rank(s) {}", fmt::join(waiting, ", ")),
@@ -254,7 +255,13 @@ struct Engine::Impl final : TransportSink, Steppable {
                           : fmt::format("; the group is stuck on rank(s) {}, which did not report "
                                         "what they wait for (stopped, hung, or not in this "
                                         "collective)",
-                                        fmt::join(stuck, ", "))),
+                                        fmt::join(stuck, ", ")),
+            storeAnswered
+                ? std::string()
+                : fmt::format("; the store did not answer within {} ms either, so which rank "
+                              "the group is stuck on is unknown (when the store lives in a rank, "
+                              "as rank 0's without a launcher, that rank may be the stopped one)",
+                              grace.count())),
         .peerRank = culprits.size() == 1 ? culprits.front() : -1,
         .hint =
             "a rank is missing, slower, or called different collectives; raise the op's timeout "

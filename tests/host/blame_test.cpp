@@ -7,12 +7,14 @@
 #include <chrono>
 #include <thread>
 
+#include "src/socket.hpp"
+
 namespace rdmacc {
 namespace {
 
 using namespace std::chrono_literals;
 
-const std::string kPrefix = "rdmacc/stuck/g/7";
+const std::string kPrefix = "rdmacc/stuck/g";
 
 void report(Store& store, int rank, const std::string& waitsFor) {
   store.set(kPrefix + "/" + std::to_string(rank), toBytes(waitsFor));
@@ -23,7 +25,9 @@ TEST(Blame, TheChainEndsAtTheRankThatDoesNotReport) {
   HashStore store;
   report(store, 3, "2");
   report(store, 2, "1");
-  EXPECT_EQ(stuckOn(store, kPrefix, 0, 4, {3}, 200ms), (std::vector<int>{1}));
+  bool answered = false;
+  EXPECT_EQ(stuckOn(store, kPrefix, 0, 4, {3}, 200ms, &answered), (std::vector<int>{1}));
+  EXPECT_TRUE(answered);
   // and rank 0 published what it waits for
   EXPECT_EQ(toString(store.get(kPrefix + "/0")), "3");
 }
@@ -66,6 +70,20 @@ TEST(Blame, ARankThatWaitsForNobodyIsTheEnd) {
   HashStore store;
   report(store, 1, "");
   EXPECT_EQ(stuckOn(store, kPrefix, 0, 3, {1}, 100ms), (std::vector<int>{1}));
+}
+
+// The stopped rank is rank 0, and the store lives in it: its server is
+// frozen (the kernel still accepts connections). The search ends within its
+// grace instead of the store's timeout (a survivor hung for minutes).
+TEST(Blame, AFrozenStoreHostEndsTheSearchWithinTheGrace) {
+  auto listener = net::listenTcp("127.0.0.1", 0);  // accepts; nobody answers
+  TCPStore store("127.0.0.1", net::localPort(listener.get()),
+                 TCPStoreOptions{.timeout = 60s, .connectTimeout = 1s});
+  const auto start = std::chrono::steady_clock::now();
+  bool answered = true;
+  EXPECT_EQ(stuckOn(store, kPrefix, 2, 4, {1}, 300ms, &answered), (std::vector<int>{}));
+  EXPECT_FALSE(answered);  // the error says so
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
 }
 
 }  // namespace
