@@ -1,21 +1,13 @@
 #include "src/blame.hpp"
 
-#include <algorithm>
 #include <charconv>
-#include <optional>
 #include <set>
 
 #include <fmt/format.h>
 
-#include "rdmacc/error.hpp"
-
 namespace rdmacc {
-namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// "2,5" -> {2, 5}; nullopt unless every entry is a rank of the group.
-std::optional<std::vector<int>> parseRanks(const std::string& text, int size) {
+std::optional<std::vector<int>> parseRanks(std::string_view text, int size) {
   std::vector<int> out;
   if (text.empty()) return out;
   if (text.size() > 16 * static_cast<size_t>(size)) return std::nullopt;
@@ -32,53 +24,56 @@ std::optional<std::vector<int>> parseRanks(const std::string& text, int size) {
   }
 }
 
-}  // namespace
-
-std::vector<int> stuckOn(Store& store, const std::string& prefix, int rank, int size,
-                         const std::vector<int>& awaited, std::chrono::milliseconds grace,
-                         bool* storeAnswered) {
-  if (storeAnswered != nullptr) *storeAnswered = true;
-  auto key = [&](int r) { return fmt::format("{}/{}", prefix, r); };
-  std::set<int> roots;
-  const auto deadline = Clock::now() + grace;
-  // Every call ends by the deadline, even when the store's host is the
-  // stopped rank (its server frozen with it).
-  const CallBudget budget(deadline);
-  try {
-    store.set(key(rank), toBytes(fmt::format("{}", fmt::join(awaited, ","))));
-    std::set<int> visited{rank};
-    std::vector<int> pending(awaited.rbegin(), awaited.rend());
-    while (!pending.empty()) {
-      const int r = pending.back();
-      pending.pop_back();
-      if (r < 0 || r >= size || !visited.insert(r).second) continue;  // seen: a cycle
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      bool reported = store.check({key(r)});
-      if (!reported && left.count() > 0) {
-        try {
-          store.wait({key(r)}, left);
-          reported = true;
-        } catch (const Error& e) {
-          if (e.kind() != ErrorKind::Timeout) throw;
-        }
-      }
-      if (!reported) {
-        roots.insert(r);
-        continue;
-      }
-      const auto next = parseRanks(toString(store.get(key(r))), size);
-      if (!next || next->empty()) {  // corrupt, or waits for nobody: it is the end
-        roots.insert(r);
-        continue;
-      }
-      for (auto it = next->rbegin(); it != next->rend(); ++it) pending.push_back(*it);
-    }
-  } catch (const Error&) {
-    // best effort: the store may be what failed
-    if (storeAnswered != nullptr) *storeAnswered = false;
+std::string formatRanks(const std::vector<int>& ranks, size_t maxBytes) {
+  std::string out;
+  for (int r : ranks) {
+    std::string item = out.empty() ? fmt::format("{}", r) : fmt::format(",{}", r);
+    if (out.size() + item.size() > maxBytes) break;
+    out += item;
   }
-  return {roots.begin(), roots.end()};
+  return out;
+}
+
+StuckSearch::StuckSearch(int rank, int size, std::vector<int> awaited, Clock::time_point deadline)
+    : rank_(rank),
+      awaited_(std::move(awaited)),
+      deadline_(deadline),
+      reported_(static_cast<size_t>(size), false),
+      reports_(static_cast<size_t>(size)) {}
+
+void StuckSearch::report(int peer, std::optional<std::vector<int>> waitsFor) {
+  if (peer < 0 || static_cast<size_t>(peer) >= reported_.size() || peer == rank_) return;
+  if (reported_[static_cast<size_t>(peer)]) return;
+  reported_[static_cast<size_t>(peer)] = true;
+  reports_[static_cast<size_t>(peer)] = std::move(waitsFor);
+}
+
+std::optional<std::vector<int>> StuckSearch::conclusion(Clock::time_point now) const {
+  const bool final = now >= deadline_;
+  std::set<int> ends;
+  std::vector<bool> visited(reported_.size(), false);
+  visited[static_cast<size_t>(rank_)] = true;
+  std::vector<int> pending(awaited_.rbegin(), awaited_.rend());
+  while (!pending.empty()) {
+    const int r = pending.back();
+    pending.pop_back();
+    if (r < 0 || static_cast<size_t>(r) >= visited.size() || visited[static_cast<size_t>(r)]) {
+      continue;  // seen: a cycle
+    }
+    visited[static_cast<size_t>(r)] = true;
+    if (!reported_[static_cast<size_t>(r)]) {
+      if (!final) return std::nullopt;  // it may still answer
+      ends.insert(r);
+      continue;
+    }
+    const auto& next = reports_[static_cast<size_t>(r)];
+    if (!next || next->empty()) {  // corrupt, or waits for nobody: it is the end
+      ends.insert(r);
+      continue;
+    }
+    for (auto it = next->rbegin(); it != next->rend(); ++it) pending.push_back(*it);
+  }
+  return std::vector<int>(ends.begin(), ends.end());
 }
 
 }  // namespace rdmacc

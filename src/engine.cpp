@@ -72,6 +72,17 @@ struct Engine::Impl final : TransportSink, Steppable {
   Clock::time_point nextDeadlineCheck{};
   Clock::time_point nextProbe{};
   std::vector<int> awaitedScratch;  // keep-alive: no allocation per round
+  // A collective that timed out while the ranks are asked what they wait for.
+  struct StuckTimeout {
+    uint64_t sequence;
+    std::vector<int> waiting;
+    StuckSearch search;
+  };
+  std::optional<StuckTimeout> stuck;
+  std::vector<std::pair<int, std::optional<std::vector<int>>>> earlyStuckReports;
+  bool stuckTold = false;  // this rank sent what it waits for (once per group)
+  std::string stuckText;
+  std::vector<int> stuckUnsent;
   std::vector<bool> probedScratch;
 
   std::deque<std::unique_ptr<Active>> collectives;    // the front one runs
@@ -137,6 +148,8 @@ struct Engine::Impl final : TransportSink, Steppable {
   void arrived(int peer, const Incoming& in) override {
     if (in.header.kind == wire::MessageKind::Abort) {
       onAbort(peer, in);
+    } else if (in.header.kind == wire::MessageKind::Stuck) {
+      onStuck(peer, in);
     } else {
       matching.arrived(peer, in);
     }
@@ -221,6 +234,11 @@ struct Engine::Impl final : TransportSink, Steppable {
   // ------------------------------------------------------------ failure --
 
   void checkDeadlines(Clock::time_point now) {
+    if (stuck) {
+      sendStuckReports();
+      concludeStuck(now);
+      return;
+    }
     auto expired = [&](const Active& a) { return a.started && now > a.deadline; };
     const Active* late = nullptr;
     for (const auto& a : collectives) {
@@ -232,40 +250,106 @@ struct Engine::Impl final : TransportSink, Steppable {
     if (late == nullptr) return;
     auto waiting = awaited(*late, chunk);
     const Operation& op = *late->op;
-    // A collective: follow who the awaited ranks wait for (blame.hpp), so
-    // that every rank names the one the group is stuck on, not its neighbour.
-    std::vector<int> stuck;
-    bool storeAnswered = true;
+    if (op.pointToPoint || waiting.empty()) {
+      breakGroup(timedOut(op, waiting, {}));
+      return;
+    }
+    // A collective: ask who the awaited ranks wait for (blame.hpp), so that
+    // every rank names the one the group is stuck on, not its neighbour. The
+    // verdict comes when the chains are known, at the latest after the grace.
     const auto grace = std::min<std::chrono::milliseconds>(
         kStuckGrace, std::max(op.timeout, std::chrono::milliseconds(100)));
-    if (!op.pointToPoint && !waiting.empty()) {
-      stuck = stuckOn(store, fmt::format("rdmacc/stuck/{}", options.group), rank, size, waiting,
-                      grace, &storeAnswered);
+    stuck.emplace(
+        StuckTimeout{op.sequence, waiting, StuckSearch(rank, size, waiting, now + grace)});
+    for (auto& [peer, report] : earlyStuckReports) stuck->search.report(peer, std::move(report));
+    earlyStuckReports.clear();
+    tellStuck(waiting);
+    concludeStuck(now);
+  }
+
+  void concludeStuck(Clock::time_point now) {
+    const Active* op = nullptr;
+    for (const auto& a : collectives) {
+      if (a->op->sequence == stuck->sequence) op = a.get();
     }
-    const bool sameAsWaiting = stuck.empty() || stuck == waiting;
-    const std::vector<int>& culprits = sameAsWaiting ? waiting : stuck;
-    breakGroup(Error(ErrorInfo{
+    if (op == nullptr) {  // it finished after all: its messages were only late
+      stuck.reset();
+      return;
+    }
+    if (auto ends = stuck->search.conclusion(now)) {
+      breakGroup(timedOut(*op->op, stuck->waiting, *ends));
+    }
+  }
+
+  Error timedOut(const Operation& op, const std::vector<int>& waiting,
+                 const std::vector<int>& stuckOn) const {
+    const bool sameAsWaiting = stuckOn.empty() || stuckOn == waiting;
+    const std::vector<int>& culprits = sameAsWaiting ? waiting : stuckOn;
+    return Error(ErrorInfo{
         .kind = ErrorKind::Timeout,
         .message = fmt::format(
-            "{} timed out after {} ms{}{}{}", op.description(), op.timeout.count(),
+            "{} timed out after {} ms{}{}", op.description(), op.timeout.count(),
             waiting.empty()
                 ? std::string()
                 : fmt::format(", still waiting for rank(s) {}", fmt::join(waiting, ", ")),
             sameAsWaiting ? std::string()
-                          : fmt::format("; the group is stuck on rank(s) {}, which did not report "
-                                        "what they wait for (stopped, hung, or not in this "
-                                        "collective)",
-                                        fmt::join(stuck, ", ")),
-            storeAnswered
-                ? std::string()
-                : fmt::format("; the store did not answer within {} ms either, so which rank "
-                              "the group is stuck on is unknown (when the store lives in a rank, "
-                              "as rank 0's without a launcher, that rank may be the stopped one)",
-                              grace.count())),
+                          : fmt::format("; the group is stuck on rank(s) {}, which did not say "
+                                        "what they wait for (stopped or hung) or wait for "
+                                        "nobody (not in a collective)",
+                                        fmt::join(stuckOn, ", "))),
         .peerRank = culprits.size() == 1 ? culprits.front() : -1,
         .hint =
             "a rank is missing, slower, or called different collectives; raise the op's timeout "
-            "(RDMACC_TIMEOUT) if it is only slow"}));
+            "(RDMACC_TIMEOUT) if it is only slow"});
+  }
+
+  // A peer's Stuck message: kept for the search (ours, or one that starts
+  // when our own collective times out), and answered once with what this
+  // rank waits for (it may be a collective ahead, waiting for a rank still
+  // stuck in the previous one).
+  void onStuck(int peer, const Incoming& in) {
+    auto waitsFor = parseRanks(
+        std::string_view(reinterpret_cast<const char*>(transport->payload(peer, in.slot)),
+                         in.header.payload),
+        size);
+    transport->release(peer, in.slot);
+    if (stuck) {
+      stuck->search.report(peer, std::move(waitsFor));
+    } else {
+      earlyStuckReports.emplace_back(peer, std::move(waitsFor));
+    }
+    if (stuckTold) return;
+    if (collectives.empty()) {
+      tellStuck({});  // in no collective at all
+    } else if (auto waits = awaited(*collectives.front(), chunk); !waits.empty()) {
+      tellStuck(waits);
+    }
+  }
+
+  void tellStuck(const std::vector<int>& waits) {
+    stuckTold = true;
+    stuckText = formatRanks(waits, chunk);
+    stuckUnsent.clear();
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != rank && !dead[static_cast<size_t>(peer)]) stuckUnsent.push_back(peer);
+    }
+    sendStuckReports();
+  }
+
+  // Best effort, retried while a search runs: a peer whose slots are full
+  // (it is behind, holding messages of ours for a later collective) gets it
+  // once one frees.
+  void sendStuckReports() {
+    std::erase_if(stuckUnsent, [&](int peer) {
+      if (dead[static_cast<size_t>(peer)]) return true;
+      wire::Header h{.kind = wire::MessageKind::Stuck,
+                     .payload = static_cast<uint32_t>(stuckText.size())};
+      try {
+        return transport->trySend(peer, h, reinterpret_cast<const uint8_t*>(stuckText.data()));
+      } catch (const Error&) {
+        return true;  // the peer is failing; the search does not need it
+      }
+    });
   }
 
   // Keep-alive: every `keepalive`, the peers that pending operations wait

@@ -1,5 +1,4 @@
 // HashStore, PrefixStore and helpers shared by every store.
-#include <algorithm>
 #include <charconv>
 #include <condition_variable>
 #include <map>
@@ -18,30 +17,6 @@ Bytes toBytes(std::string_view text) {
 }
 std::string toString(const Bytes& bytes) {
   return std::string(bytes.begin(), bytes.end());
-}
-
-namespace {
-// The deadline of the innermost CallBudget of this thread; max() for none.
-thread_local std::chrono::steady_clock::time_point tBudget =
-    std::chrono::steady_clock::time_point::max();
-}  // namespace
-
-CallBudget::CallBudget(std::chrono::steady_clock::time_point deadline) noexcept
-    : previous_(tBudget) {
-  tBudget = std::min(tBudget, deadline);
-}
-
-CallBudget::~CallBudget() {
-  tBudget = previous_;
-}
-
-std::chrono::milliseconds Store::timeout() const noexcept {
-  const auto set = timeout_.load();
-  if (tBudget == std::chrono::steady_clock::time_point::max()) return set;
-  const auto left =
-      std::chrono::ceil<std::chrono::milliseconds>(tBudget - std::chrono::steady_clock::now());
-  const auto capped = std::max(left, std::chrono::milliseconds(1));
-  return set.count() > 0 ? std::min(capped, set) : capped;
 }
 
 Error storeTimeout(const char* what, const std::vector<std::string>& missing,

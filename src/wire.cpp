@@ -19,6 +19,8 @@ std::string describe(const Header& h) {
                          toString(static_cast<OpType>(h.opType)), h.sequence, h.step, h.length);
     case MessageKind::Abort:
       return fmt::format("an abort message ({} bytes)", h.payload);
+    case MessageKind::Stuck:
+      return fmt::format("a report of what a stuck rank waits for ({} bytes)", h.payload);
     case MessageKind::Collective:
       return fmt::format("{} #{} step {} (check {:#x}, {} bytes)",
                          toString(static_cast<OpType>(h.opType)), h.sequence, h.step, h.check,
@@ -101,7 +103,7 @@ std::optional<Violation> checkHeader(const Header& h, uint32_t byteLen, const Li
   }
   const auto kind = static_cast<unsigned>(h.kind);
   if (kind < static_cast<unsigned>(MessageKind::Collective) ||
-      kind > static_cast<unsigned>(MessageKind::Advert)) {
+      kind > static_cast<unsigned>(MessageKind::Stuck)) {
     return violation(fmt::format("a message of unknown kind {}", kind));
   }
   if ((h.flags & ~kKnownFlags) != 0 || (h.flags != 0 && h.kind != MessageKind::Collective)) {

@@ -22,7 +22,15 @@ constexpr uint32_t kMagic = 0x52434d47;  // "RCMG"
 // Advert: the sender of a collective receive may write it straight into the
 // receiver's registered destination (addr/rkey/length in the header) instead
 // of its slots; each such chunk still comes with a header (flag kDirect).
-enum class MessageKind : uint8_t { Collective = 1, PointToPoint = 2, Abort = 3, Advert = 4 };
+// Stuck: the sender's collective timed out, or it answers one that did; the
+// payload lists the ranks it waits for ("2,5"; src/blame.hpp).
+enum class MessageKind : uint8_t {
+  Collective = 1,
+  PointToPoint = 2,
+  Abort = 3,
+  Advert = 4,
+  Stuck = 5,
+};
 constexpr uint16_t kDirect = 1;  // Header::flags: the payload is already at its destination
 constexpr uint16_t kKnownFlags = kDirect;
 

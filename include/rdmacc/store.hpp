@@ -39,30 +39,13 @@ class Store {
   // True when the key existed.
   virtual bool deleteKey(const std::string& key) = 0;
 
-  // The timeout of each call: the one set, or less inside a CallBudget.
-  std::chrono::milliseconds timeout() const noexcept;
+  std::chrono::milliseconds timeout() const noexcept { return timeout_.load(); }
   // Safe while other threads use the store: their calls use the old or the
   // new value.
   void setTimeout(std::chrono::milliseconds timeout) noexcept { timeout_.store(timeout); }
 
  private:
   std::atomic<std::chrono::milliseconds> timeout_;
-};
-
-// Caps the timeout of every store call the constructing thread makes while
-// it lives (nested budgets: the shortest wins), whatever the stores'
-// timeouts. For work that must end by a deadline even when the store's host
-// is frozen (the search for a stuck rank after an operation timed out).
-// Calls that take an explicit timeout (wait) use the one given.
-class CallBudget {
- public:
-  explicit CallBudget(std::chrono::steady_clock::time_point deadline) noexcept;
-  ~CallBudget();
-  CallBudget(const CallBudget&) = delete;
-  CallBudget& operator=(const CallBudget&) = delete;
-
- private:
-  std::chrono::steady_clock::time_point previous_;
 };
 
 // In-process store, for tests and single-process groups.
