@@ -39,10 +39,6 @@ constexpr size_t kReservedFds = 64;
 // that pipelines requests for a large value and never reads holds at most
 // this plus one reply.
 constexpr size_t kOutputHighWater = 4u << 20;
-// Bytes held for partial frames across all clients, and how long one client
-// may sit on an unfinished frame without sending more of it.
-constexpr size_t kInputBudget = 1u << 30;
-constexpr auto kPartialFrameIdle = std::chrono::seconds(60);
 // At most one warning per this interval for misbehaving clients.
 constexpr auto kWarnInterval = std::chrono::seconds(10);
 
@@ -81,6 +77,7 @@ struct TCPStoreServer::State {
   Fd spareFd;  // closed to accept-and-close a client when descriptors run out
   uint16_t port = 0;
   std::string authKey;  // RDMACC_AUTH_KEY; empty: no authentication
+  Limits limits;
   size_t maxClients = clientLimit();
   size_t inputHeld = 0;  // sum of the clients' `in`
   std::map<std::string, Bytes> data;
@@ -310,7 +307,7 @@ struct TCPStoreServer::State {
           warn("dropping a client that sent {} bytes it has not waited for", c.in.size());
           return false;
         }
-        if (inputHeld > kInputBudget) {
+        if (inputHeld > limits.inputBudget) {
           warn("dropping a client: {} bytes of unfinished requests held for all clients",
                inputHeld);
           return false;
@@ -335,6 +332,9 @@ struct TCPStoreServer::State {
           int taken = ::accept4(listenFd.get(), nullptr, nullptr, SOCK_CLOEXEC);
           if (taken >= 0) ::close(taken);
           spareFd = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+          // accept4 fails with EMFILE before it looks at the queue: with
+          // nothing pending, retrying would loop here for ever.
+          if (taken < 0) return;
           warn("out of file descriptors: refused a client ({} connected)", clients.size());
           continue;
         }
@@ -385,9 +385,9 @@ struct TCPStoreServer::State {
     auto now = Clock::now();
     for (auto it = clients.begin(); it != clients.end();) {
       Client& c = it->second;
-      if (!c.in.empty() && now - c.lastInput > kPartialFrameIdle) {
-        warn("dropping a client that sent {} bytes of a frame and nothing for {} s", c.in.size(),
-             std::chrono::duration_cast<std::chrono::seconds>(kPartialFrameIdle).count());
+      if (!c.in.empty() && now - c.lastInput > limits.partialFrameIdle) {
+        warn("dropping a client that sent {} bytes of a frame and nothing for {} ms", c.in.size(),
+             limits.partialFrameIdle.count());
         auto gone = it++;
         drop(gone);
       } else {
@@ -411,7 +411,10 @@ struct TCPStoreServer::State {
                        0});
         ids.push_back(id);
       }
-      const int pollMs = inputHeld > 0 ? 1000 : -1;  // partial frames expire
+      // Partial frames expire: looked at every second, or sooner.
+      const auto expiryCheck =
+          std::min<std::chrono::milliseconds>(std::chrono::seconds(1), limits.partialFrameIdle);
+      const int pollMs = inputHeld > 0 ? static_cast<int>(expiryCheck.count()) : -1;
       if (::poll(fds.data(), fds.size(), pollMs) < 0) {
         if (errno == EINTR) continue;
         log(LogLevel::Error, "store server: poll failed: {}", std::strerror(errno));
@@ -437,7 +440,7 @@ struct TCPStoreServer::State {
           if (!serve(id, it->second, 0)) drop(it);
         }
       }
-      if (inputHeld > 0 && Clock::now() - lastExpiry > std::chrono::seconds(1)) {
+      if (inputHeld > 0 && Clock::now() - lastExpiry > expiryCheck) {
         expireIdle();
         lastExpiry = Clock::now();
       }
@@ -445,9 +448,11 @@ struct TCPStoreServer::State {
   }
 };
 
-TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port, std::string authKey)
+TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port, std::string authKey,
+                               Limits limits)
     : state_(std::make_unique<State>()) {
   state_->authKey = std::move(authKey);
+  state_->limits = limits;
   state_->listenFd = net::listenTcp(host, port);
   net::setNonBlocking(state_->listenFd.get());
   state_->port = net::localPort(state_->listenFd.get());

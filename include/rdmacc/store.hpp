@@ -88,13 +88,22 @@ class FileStore final : public Store {
 // The TCP store server: a single thread serving any number of clients.
 // Malformed frames close that client's connection and never the server.
 // Thread-safe: construct, query port(), destroy (stops and joins the thread).
+// What clients may make a TCPStoreServer hold for frames they have not
+// finished sending.
+struct TCPStoreServerLimits {
+  size_t inputBudget = size_t{1} << 30;                // bytes, all clients together
+  std::chrono::milliseconds partialFrameIdle{60'000};  // without more of the frame
+};
+
 class TCPStoreServer {
  public:
+  using Limits = TCPStoreServerLimits;
+
   // port 0 picks a free port. Throws Error(Store) if it cannot listen. With
   // an authKey (RDMACC_AUTH_KEY), clients must prove they hold it
   // (challenge-response) before their first request, or are dropped.
   explicit TCPStoreServer(const std::string& host = "0.0.0.0", uint16_t port = 0,
-                          std::string authKey = {});
+                          std::string authKey = {}, Limits limits = {});
   ~TCPStoreServer();
   TCPStoreServer(const TCPStoreServer&) = delete;
   TCPStoreServer& operator=(const TCPStoreServer&) = delete;
