@@ -1,5 +1,7 @@
 // Memory the user registered for zero-copy transfers (like NCCL's
-// ncclCommRegister): page-aligned memory regions looked up by address, shared
+// ncclCommRegister): memory regions looked up by address (aligned to
+// `pageBytes`: 1 in the backend, so that a region is exactly what the user
+// registered and no neighbouring heap byte is remotely writable), shared
 // by the transfers that read from them. A transfer holds its registration
 // until its completion arrives, so deregistering (or the user freeing memory
 // after deregistering it) never pulls a region out from under a write in
@@ -24,8 +26,8 @@
 namespace rdmacc {
 
 struct Registration {
-  uintptr_t begin = 0;  // page-aligned
-  uintptr_t end = 0;    // page-aligned, exclusive
+  uintptr_t begin = 0;  // aligned to the cache's pageBytes
+  uintptr_t end = 0;    // the same, exclusive
   uint32_t lkey = 0;
   uint32_t rkey = 0;            // peers may write into it (direct receives)
   std::shared_ptr<void> owner;  // the memory region: released when the last holder goes
@@ -38,7 +40,7 @@ struct Registration {
 
 class RegistrationCache {
  public:
-  // Registers [begin, begin + length) (page-aligned) with the device; throws
+  // Registers [begin, begin + length) (aligned to pageBytes) with the device; throws
   // rdmacc::Error when it cannot.
   using Registrar = std::function<Registration(uintptr_t begin, size_t length)>;
 
@@ -46,7 +48,7 @@ class RegistrationCache {
   // finds nothing, so every transfer copies (RDMACC_REGISTRATION_CACHE=0).
   RegistrationCache(Registrar registrar, bool enabled, size_t pageBytes = 4096);
 
-  // Registers the pages that hold [ptr, ptr + bytes). Adding the same pointer
+  // Registers the pages (of pageBytes) that hold [ptr, ptr + bytes). Adding the same pointer
   // again counts (each add needs a remove), growing the region if bytes grew.
   void add(const void* ptr, size_t bytes);
   // Undoes one add(ptr); throws Error(InvalidArgument) if ptr was not added.

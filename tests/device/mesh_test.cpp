@@ -23,7 +23,9 @@
 #include "rdmacc/log.hpp"
 #include "rdmacc/topology.hpp"
 #include "src/buffer.hpp"
+#include "src/engine.hpp"
 #include "src/mesh.hpp"
+#include "src/rdma_transport.hpp"
 #include "src/wr_id.hpp"
 #include "verbs/error.hpp"
 
@@ -331,6 +333,100 @@ TEST(InProcess, LateConnectionAfterFormationIsRejectedOnBothSides) {
   EXPECT_EQ(rank0Error, "");
   EXPECT_EQ(rank1Error, "");
   EXPECT_TRUE(gone.empty()) << "rank 0 saw rank " << gone.front() << " leave";
+}
+
+// What a peer can reach of our memory (docs/security.md): its own slots, by
+// writing. A READ of them fails (nothing is registered for remote reads),
+// and a write into another peer's slots with its own rkey fails (one
+// registration and rkey per peer; there used to be one for the whole
+// region): the NIC checks, whatever the peer's code does.
+TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
+  HashStore store(20s);
+  constexpr int kSize = 3;
+  constexpr int kSlots = 4;
+  constexpr size_t kSlotBytes4k = 4096;
+  std::vector<std::unique_ptr<Mesh>> meshes(kSize);
+  std::vector<std::unique_ptr<Transport>> transports(kSize);
+  std::vector<std::string> errors(kSize);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kSize; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        meshes[static_cast<size_t>(r)] =
+            std::make_unique<Mesh>(store, r, kSize, quickConfig(), MeshOptions{.group = "exposed"});
+        transports[static_cast<size_t>(r)] =
+            makeRdmaTransport(*meshes[static_cast<size_t>(r)], store,
+                              EngineOptions{.group = "exposed",
+                                            .rank = r,
+                                            .size = kSize,
+                                            .slotsPerPeer = kSlots,
+                                            .slotBytes = kSlotBytes4k});
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  // What rank r published: its region's base and one rkey per peer.
+  auto published = [&](int r) {
+    const std::string text = toString(store.get(fmt::format("rdmacc/engine/exposed/slots/{}", r)));
+    const auto base = std::stoull(text.substr(0, text.find(':')));
+    std::vector<uint32_t> rkeys;
+    std::string list = text.substr(text.rfind(':') + 1);
+    for (size_t at = 0; at <= list.size();) {
+      size_t comma = std::min(list.find(',', at), list.size());
+      rkeys.push_back(static_cast<uint32_t>(std::stoul(list.substr(at, comma - at))));
+      at = comma + 1;
+    }
+    return std::pair(base, rkeys);
+  };
+  Mesh& attacker = *meshes[1];
+  PageBuffer local(4096);
+  auto mr =
+      verbs::registerMemory(attacker.pd(), local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
+  uint64_t nextId = 1000;
+  auto attempt = [&](ibv_qp* qp, ibv_wr_opcode opcode, uint64_t remote, uint32_t rkey) {
+    ibv_sge sge{.addr = reinterpret_cast<uintptr_t>(local.data()), .length = 64, .lkey = mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = ++nextId;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = opcode;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = remote;
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr* bad = nullptr;
+    EXPECT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+    const auto deadline = Clock::now() + 20s;
+    while (Clock::now() < deadline) {
+      std::array<ibv_wc, 4> wcs;
+      const int n = attacker.cq().poll(wcs);
+      for (int i = 0; i < n; ++i) {
+        if (wcs[static_cast<size_t>(i)].wr_id == wr.wr_id)
+          return wcs[static_cast<size_t>(i)].status;
+      }
+    }
+    ADD_FAILURE() << "no completion";
+    return IBV_WC_GENERAL_ERR;
+  };
+  // Rank 0's slots for rank 1 (the first of rank 0's peers): writable, not readable.
+  const auto [base0, rkeys0] = published(0);
+  ASSERT_EQ(rkeys0.size(), 2u);
+  EXPECT_EQ(attempt(attacker.qp(0), IBV_WR_RDMA_WRITE, base0, rkeys0[0]), IBV_WC_SUCCESS);
+  // Refused by the peer's queue pair (no remote read access: rxe says
+  // "invalid request") or by its memory region (access error).
+  const auto read = attempt(attacker.qp(0), IBV_WR_RDMA_READ, base0, rkeys0[0]);
+  EXPECT_TRUE(read == IBV_WC_REM_INV_REQ_ERR || read == IBV_WC_REM_ACCESS_ERR)
+      << ibv_wc_status_str(read);
+  // Rank 2's region: rank 0's slots first, then rank 1's. Rank 1's rkey
+  // opens its own slots only.
+  const auto [base2, rkeys2] = published(2);
+  ASSERT_EQ(rkeys2.size(), 2u);
+  const uint64_t ownAtRank2 = base2 + kSlots * kSlotBytes4k;
+  EXPECT_EQ(attempt(attacker.qp(2), IBV_WR_RDMA_WRITE, ownAtRank2, rkeys2[1]), IBV_WC_SUCCESS);
+  EXPECT_EQ(attempt(attacker.qp(2), IBV_WR_RDMA_WRITE, base2, rkeys2[1]), IBV_WC_REM_ACCESS_ERR);
+  transports.clear();
 }
 
 TEST(InProcess, SingleRankGroupNeedsNoPeers) {
