@@ -61,10 +61,14 @@ void computeFootprint(Active& a, size_t chunk) {
   for (const Step& s : op.steps()) {
     for (const SendSpec& send : s.sends) {
       a.latencyBound &= send.range.bytes <= chunk;
-      a.footprint[0].cover(op.sendBase, send.range.offset, send.range.bytes);
+      a.footprint[send.fromRecv ? 1 : 0].cover(send.fromRecv ? op.recvBase : op.sendBase,
+                                               send.range.offset, send.range.bytes);
     }
     for (const RecvSpec& recv : s.recvs) {
       a.footprint[1].cover(op.recvBase, recv.range.offset, recv.range.bytes);
+      if (recv.combine == Combine::ReduceWithSend) {
+        a.footprint[0].cover(op.sendBase, recv.range.offset, recv.range.bytes);
+      }
     }
     for (const Range& r : s.finalize) a.footprint[1].cover(op.recvBase, r.offset, r.bytes);
   }

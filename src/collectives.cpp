@@ -272,11 +272,17 @@ std::shared_ptr<Work> VerbsBackend::_reduce_scatter_base(Tensor& output, Tensor&
   Tensor in = input;
   ReduceOp reduceOp = opts.reduceOp;
   double factor = opts.preMulFactor;
-  uint8_t* flat = s.planReduceScatter(*op, opts.algorithm, blocks, input.bytes(), output, reduceOp);
-  op->prologue = [flat, in, reduceOp, factor] {
-    if (in.bytes() > 0) std::memcpy(flat, in.data, in.bytes());
-    if (reduceOp == ReduceOp::PreMulSum) scaleBy(flat, in.numel, in.dtype, factor);
-  };
+  // The ring reads the input where it is (the output, even inside the
+  // input, is written only at the end, after every read of it), unless
+  // PreMulSum scales a copy first.
+  uint8_t* flat = s.planReduceScatter(*op, opts.algorithm, blocks, input.bytes(), output, reduceOp,
+                                      reduceOp != ReduceOp::PreMulSum ? bytesOf(input) : nullptr);
+  if (flat != nullptr) {
+    op->prologue = [flat, in, reduceOp, factor] {
+      if (in.bytes() > 0) std::memcpy(flat, in.data, in.bytes());
+      if (reduceOp == ReduceOp::PreMulSum) scaleBy(flat, in.numel, in.dtype, factor);
+    };
+  }
   op->checkValue = checkValue(input.bytes(), static_cast<uint64_t>(reduceOp),
                               static_cast<uint64_t>(input.dtype));
   op->describe("{} x {} per rank, {}", output.numel, toString(input.dtype), toString(reduceOp));

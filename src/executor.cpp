@@ -137,8 +137,8 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
                  .payload = static_cast<uint32_t>(payload),
                  .chunk = static_cast<uint32_t>(a.sentMessages[i]),
                  .check = op.checkValue};
-        if (!transport_.trySend(send.peer, h, op.sendBase + send.range.offset + a.sent[i],
-                                a.zeroCopy,
+        const uint8_t* base = send.fromRecv ? op.recvBase : op.sendBase;
+        if (!transport_.trySend(send.peer, h, base + send.range.offset + a.sent[i], a.zeroCopy,
                                 matching_.directTarget(expected, send.peer, a.sent[i], payload))) {
           break;
         }
@@ -203,6 +203,11 @@ bool Executor::receive(Active& a, const Expectation& expected, size_t j) {
       if (recv.combine == Combine::Copy) {
         if (payload > 0) std::memcpy(dst, src, payload);
       } else {
+        if (recv.combine == Combine::ReduceWithSend && payload > 0) {
+          // This rank's contribution first, a chunk at a time (cache-hot for
+          // the reduction right after), as the whole input used to be.
+          std::memcpy(dst, op.sendBase + recv.range.offset + a.received[j], payload);
+        }
         reduceInto(dst, src, payload / elementSize(op.dtype), op.dtype, op.reduceOp);
       }
     }

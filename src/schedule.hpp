@@ -18,12 +18,20 @@ struct Range {
   friend bool operator==(const Range&, const Range&) = default;
 };
 
-enum class Combine : uint8_t { Copy, Reduce };
+// Reduce: the receive range's bytes combined with the incoming ones.
+// ReduceWithSend: the send buffer's bytes at the same range combined with
+// the incoming ones, into the receive range (whose old bytes are not read):
+// a reduction out of place, without copying the input into the receive
+// buffer first (ring reduce-scatter reads the caller's input as it is).
+enum class Combine : uint8_t { Copy, Reduce, ReduceWithSend };
 
 struct SendSpec {
   int peer = 0;
-  Range range;             // in the operation's send buffer
+  Range range;             // in the operation's send buffer (or receive buffer: fromRecv)
   std::vector<int> gates;  // indices into Step::recvs this send forwards from
+  // The range is in the receive buffer: bytes an earlier step received (and
+  // reduced) there, forwarded.
+  bool fromRecv = false;
 };
 
 struct RecvSpec {

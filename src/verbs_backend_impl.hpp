@@ -236,8 +236,11 @@ struct VerbsBackend::Impl {
   // ring, or for latency-bound sizes (the total is the same on every rank) in
   // one step: rank p gets block p from everyone and combines the
   // contributions in rank order (the same sums whatever arrives first).
+  // With `input` (contiguous, laid out like `blocks`) the ring reads it where
+  // it is and nullptr is returned: no prologue (ringReduceScatterFromInput).
   uint8_t* planReduceScatter(Operation& op, Algorithm requested, const std::vector<Range>& blocks,
-                             size_t totalBytes, const Tensor& out, ReduceOp reduceOp) const {
+                             size_t totalBytes, const Tensor& out, ReduceOp reduceOp,
+                             const uint8_t* input = nullptr) const {
     Algorithm algo = requested;
     if (algo == Algorithm::Auto) {
       algo = totalBytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
@@ -253,14 +256,17 @@ struct VerbsBackend::Impl {
     if (algo == Algorithm::Ring) {
       op.scratch.resize(totalBytes);
       uint8_t* flat = op.scratch.data();
-      op.schedule =
-          std::make_shared<const Schedule>(algorithms::ringReduceScatter(rank, size, blocks, avg));
-      op.sendBase = op.recvBase = flat;
+      const bool fromInput = input != nullptr && size > 1;
+      op.schedule = std::make_shared<const Schedule>(
+          fromInput ? algorithms::ringReduceScatterFromInput(rank, size, blocks, avg)
+                    : algorithms::ringReduceScatter(rank, size, blocks, avg));
+      op.sendBase = fromInput ? const_cast<uint8_t*>(input) : flat;
+      op.recvBase = flat;
       op.avgDivisor = avg ? size : 0;
       op.epilogue = [flat, out, mine] {
         if (mine.bytes > 0) std::memcpy(out.data, flat + mine.offset, mine.bytes);
       };
-      return flat;
+      return fromInput ? nullptr : flat;
     }
     op.scratch.resize(totalBytes + static_cast<size_t>(size - 1) * mine.bytes);
     uint8_t* flat = op.scratch.data();

@@ -14,6 +14,14 @@ namespace rdmacc::algorithms {
 Schedule ringAllreduce(int rank, int size, const std::vector<Range>& blocks, bool finalize);
 // Rank r ends with block r fully reduced (and finalised if asked).
 Schedule ringReduceScatter(int rank, int size, const std::vector<Range>& blocks, bool finalize);
+// The same reading the send buffer (the caller's input, never written) and
+// writing partial sums only to the receive buffer (laid out like the input):
+// each rank receives every block but its first once, so each receive
+// combines the input's block with the incoming partial sum (ReduceWithSend),
+// and steps after the first forward what the previous one produced. No copy
+// of the input first. size 1 has no steps: the caller copies its block.
+Schedule ringReduceScatterFromInput(int rank, int size, const std::vector<Range>& blocks,
+                                    bool finalize);
 // Block r of every rank r reaches everyone.
 Schedule ringAllgather(int rank, int size, const std::vector<Range>& blocks);
 int ringRight(int rank, int size);

@@ -53,6 +53,16 @@ Schedule ringReduceScatter(int rank, int size, const std::vector<Range>& blocks,
   return out;
 }
 
+Schedule ringReduceScatterFromInput(int rank, int size, const std::vector<Range>& blocks,
+                                    bool finalize) {
+  Schedule out = ringReduceScatter(rank, size, blocks, finalize);
+  for (size_t s = 0; s < out.size(); ++s) {
+    for (SendSpec& send : out[s].sends) send.fromRecv = s > 0;  // step 0: the input's own block
+    for (RecvSpec& recv : out[s].recvs) recv.combine = Combine::ReduceWithSend;
+  }
+  return out;
+}
+
 Schedule ringAllgather(int rank, int size, const std::vector<Range>& blocks) {
   Schedule out;
   ringPass(out, rank, size, blocks, 0, Combine::Copy);

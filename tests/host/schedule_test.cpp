@@ -73,8 +73,19 @@ void simulate(std::vector<Rank>& ranks, bool mustFinish = true) {
                                     << " from rank " << s.recvs[j].peer << " in step " << r.step;
           ASSERT_EQ(msg.size(), s.recvs[j].range.bytes) << "rank " << me << " step " << r.step;
           for (size_t b = 0; b < msg.size(); ++b) {
-            uint8_t& dst = r.recvBuf[s.recvs[j].range.offset + b];
-            dst = s.recvs[j].combine == Combine::Copy ? msg[b] : static_cast<uint8_t>(dst + msg[b]);
+            const size_t at = s.recvs[j].range.offset + b;
+            uint8_t& dst = r.recvBuf[at];
+            switch (s.recvs[j].combine) {
+              case Combine::Copy:
+                dst = msg[b];
+                break;
+              case Combine::Reduce:
+                dst = static_cast<uint8_t>(dst + msg[b]);
+                break;
+              case Combine::ReduceWithSend:
+                dst = static_cast<uint8_t>(r.send()[at] + msg[b]);
+                break;
+            }
           }
           r.received[j] = true;
           progress = true;
@@ -85,7 +96,7 @@ void simulate(std::vector<Rank>& ranks, bool mustFinish = true) {
           for (int g : s.sends[i].gates) ready = ready && r.received[static_cast<size_t>(g)];
           if (!ready) continue;
           const Range& range = s.sends[i].range;
-          Bytes& src = r.send();
+          Bytes& src = s.sends[i].fromRecv ? r.recvBuf : r.send();
           wires[{me, s.sends[i].peer}].emplace_back(
               r.step, Bytes(src.begin() + static_cast<ptrdiff_t>(range.offset),
                             src.begin() + static_cast<ptrdiff_t>(range.offset + range.bytes)));
@@ -171,6 +182,38 @@ TEST_P(Sizes, RingReduceScatterLeavesBlockRAtRankR) {
       uint8_t want = 0;
       for (int q = 0; q < n; ++q) want = static_cast<uint8_t>(want + v(q, at));
       EXPECT_EQ(ranks[static_cast<size_t>(r)].recvBuf[at], want);
+    }
+  }
+}
+
+// Out of place: the input (send buffer) is read as it is and never written;
+// the receive buffer starts as garbage, so reading an unwritten byte of it
+// shows in the sums.
+TEST_P(Sizes, RingReduceScatterFromTheInputLeavesTheInputAlone) {
+  const int n = GetParam();
+  if (n == 1) GTEST_SKIP() << "no steps: the backend copies the block itself";
+  for (size_t count :
+       {size_t{0}, size_t{1}, static_cast<size_t>(n) * 3, static_cast<size_t>(n) * 3 + 2}) {
+    std::vector<Rank> ranks(static_cast<size_t>(n));
+    auto blocks = evenBlocks(count, n, 1);
+    for (int r = 0; r < n; ++r) {
+      auto& x = ranks[static_cast<size_t>(r)];
+      x.schedule = algorithms::ringReduceScatterFromInput(r, n, blocks, false);
+      x.sameBuffer = false;
+      x.sendBuf.resize(count);
+      for (size_t i = 0; i < count; ++i) x.sendBuf[i] = v(r, i);
+      x.recvBuf.assign(count, 0xee);
+    }
+    simulate(ranks);
+    for (int r = 0; r < n; ++r) {
+      const auto& x = ranks[static_cast<size_t>(r)];
+      const Range& mine = blocks[static_cast<size_t>(r)];
+      for (size_t at = mine.offset; at < mine.offset + mine.bytes; ++at) {
+        uint8_t want = 0;
+        for (int q = 0; q < n; ++q) want = static_cast<uint8_t>(want + v(q, at));
+        EXPECT_EQ(x.recvBuf[at], want) << "n=" << n << " count=" << count << " rank=" << r;
+      }
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(x.sendBuf[i], v(r, i)) << "the input changed";
     }
   }
 }
