@@ -185,8 +185,9 @@ void Engine::Impl::onStuck(int peer, const Incoming& in) {
   transport->release(peer, in.slot);
   if (stuck) {
     stuck->search.report(peer, std::move(waitsFor));
-  } else {
-    earlyStuckReports.emplace_back(peer, std::move(waitsFor));
+  } else if (std::none_of(earlyStuckReports.begin(), earlyStuckReports.end(),
+                          [&](const auto& r) { return r.first == peer; })) {
+    earlyStuckReports.emplace_back(peer, std::move(waitsFor));  // the first per peer counts
   }
   if (stuckTold) return;
   if (collectives.empty()) {
