@@ -58,8 +58,13 @@ class Mesh {
   std::vector<int> takeDisconnectedPeers();
 
  private:
-  struct Connection;
-  struct Setup;
+  struct Connection;  // src/mesh_connection.hpp
+  struct Setup;       // src/mesh_setup.cpp
+
+  // The handshake with every peer this rank connects to (mesh_setup.cpp).
+  void connectPeers(Store& groupStore, std::string secret,
+                    std::chrono::steady_clock::time_point deadline,
+                    std::chrono::milliseconds connectTimeout);
 
   int rank_;
   int size_;
