@@ -207,6 +207,12 @@ long cpuMillis() {
 // accept4 fails with EMFILE even when nothing is pending, stops there: it
 // used to loop in accept for ever once the queue was empty).
 TEST(TCPStoreServer, OutOfDescriptorsRefusesWithoutSpinning) {
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan/UBSan probe memory through a pipe before reporting on it: with no
+  // descriptor left they report a (false) invalid vptr. The plain and TSan
+  // builds run this test.
+  GTEST_SKIP() << "the sanitizer runtime needs file descriptors of its own";
+#endif
   TCPStoreServer server("127.0.0.1", 0);
   TCPStore good("127.0.0.1", server.port(), TCPStoreOptions{.timeout = 2s});
   good.set("k", toBytes("before"));
