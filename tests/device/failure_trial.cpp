@@ -70,7 +70,8 @@ std::shared_ptr<Work> submit(VerbsBackend& b, const std::string& what, Buffers& 
   if (what == "barrier") return b.barrier();
   if (what == "pairs") {
     const int peer = rank ^ 1;
-    // Lower rank sends first; each op is one send or one receive.
+    // One of the pair sends while the other receives (the higher rank
+    // first), alternating; each op is one send or one receive.
     static bool sending = rank < peer;
     sending = !sending;
     return sending ? b.send(x.inT, peer, 1) : b.recv(x.outT, peer, 1);
