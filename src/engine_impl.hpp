@@ -47,7 +47,6 @@ struct Engine::Impl final : TransportSink, Steppable {
   // before leaving has arrived, so an operation that still misses messages
   // of theirs (or must send to them) fails.
   std::vector<bool> gone;
-  Store& store;  // outlives the engine (VerbsBackend owns both)
   Matching matching;
   Executor executor;
   ActivePool pool;
@@ -97,7 +96,6 @@ struct Engine::Impl final : TransportSink, Steppable {
         chunk(transport->chunkBytes()),
         dead(static_cast<size_t>(size), false),
         gone(static_cast<size_t>(size), false),
-        store(groupStore),
         matching(*transport, size),
         executor(*transport, matching, options, gone),
         loop(*transport, *this, options) {}
