@@ -154,7 +154,7 @@ class Engine {
   void abort(const std::string& reason);
   // Payload bytes per message (slot size minus the header).
   size_t chunkBytes() const noexcept;
-  // For Work::setProgressDriver: lets a waiting caller make progress itself.
+  // For Work's progress driver: lets a waiting caller make progress itself.
   // Safe to call after the engine is gone (it then does nothing).
   std::shared_ptr<const Work::ProgressDriver> driver();
 

@@ -313,14 +313,15 @@ struct VerbsBackend::Impl {
     } else {
       op->sequence = ++sequence;
     }
-    op->work = std::make_shared<Work>(op->type, op->sequence);
-    auto work = op->work;
     Engine* e = engine.get();
-    work->setAbortHandler([e](const Work& w) {
-      e->abort(
-          fmt::format("{} #{} was aborted by the user", toString(w.opType()), w.sequenceNumber()));
-    });
-    work->setProgressDriver(driver);
+    op->work = std::make_shared<Work>(
+        op->type, op->sequence,
+        [e](const Work& w) {
+          e->abort(fmt::format("{} #{} was aborted by the user", toString(w.opType()),
+                               w.sequenceNumber()));
+        },
+        driver);
+    auto work = op->work;
     engine->submit(std::move(op));
     return work;
   }

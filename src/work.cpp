@@ -15,7 +15,12 @@ thread_local int callbackDepth = 0;
 
 }  // namespace
 
-Work::Work(OpType type, uint64_t sequence) : type_(type), sequence_(sequence) {}
+Work::Work(OpType type, uint64_t sequence, std::function<void(const Work&)> abortHandler,
+           std::shared_ptr<const ProgressDriver> driver)
+    : type_(type),
+      sequence_(sequence),
+      abortHandler_(std::move(abortHandler)),
+      driver_(std::move(driver)) {}
 Work::~Work() = default;
 
 // Lock-free: a caller driving progress asks after every round.
@@ -38,47 +43,44 @@ int Work::sourceRank() const {
   return sourceRank_;
 }
 
+// Without a lock when the work completes while the caller drives it (the
+// common case for small operations): completed_ and settled_ are atomics,
+// and error_ is final once settled_ is set.
 bool Work::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   bool forever = timeout == std::chrono::milliseconds::max();
   auto until = forever ? Clock::time_point::max() : Clock::now() + timeout;
-  std::shared_ptr<const ProgressDriver> driver;
-  {
-    std::lock_guard lock(mutex_);
-    if (callbackDepth > 0 && !settled_) {
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("Work::wait on {} #{} inside a completion callback: it would never "
-                              "return (callbacks run on the thread that makes progress)",
-                              toString(type_), sequence_),
-                  "in a callback, issue operations and chain callbacks (then) instead of "
-                  "waiting; wait from the caller's thread");
-    }
-    if (!completed_) driver = driver_;
+  if (callbackDepth > 0 && !settled_.load(std::memory_order_acquire)) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("Work::wait on {} #{} inside a completion callback: it would never "
+                            "return (callbacks run on the thread that makes progress)",
+                            toString(type_), sequence_),
+                "in a callback, issue operations and chain callbacks (then) instead of "
+                "waiting; wait from the caller's thread");
   }
-  if (driver) (*driver)(*this, until);
-  std::unique_lock lock(mutex_);
-  if (forever) {
-    done_.wait(lock, [&] { return settled_; });
-  } else if (!done_.wait_until(lock, until, [&] { return settled_; })) {
-    throw Error(
-        ErrorKind::Timeout,
-        fmt::format("Work::wait timed out after {} ms on {} #{} (the operation continues)",
-                    timeout.count(), toString(type_), sequence_),
-        "wait longer, or pass a timeout in the operation's options to fail the operation itself");
+  if (driver_ && !completed_.load(std::memory_order_acquire)) (*driver_)(*this, until);
+  if (!settled_.load(std::memory_order_acquire)) {
+    std::unique_lock lock(mutex_);
+    if (forever) {
+      done_.wait(lock, [&] { return settled_.load(std::memory_order_relaxed); });
+    } else if (!done_.wait_until(lock, until,
+                                 [&] { return settled_.load(std::memory_order_relaxed); })) {
+      throw Error(
+          ErrorKind::Timeout,
+          fmt::format("Work::wait timed out after {} ms on {} #{} (the operation continues)",
+                      timeout.count(), toString(type_), sequence_),
+          "wait longer, or pass a timeout in the operation's options to fail the operation "
+          "itself");
+    }
   }
   if (error_) std::rethrow_exception(error_);
   return true;
 }
 
 void Work::abort() {
-  std::function<void(const Work&)> handler;
-  {
-    std::lock_guard lock(mutex_);
-    if (completed_) return;
-    handler = abortHandler_;
-  }
-  if (handler) {
-    handler(*this);
+  if (completed_.load(std::memory_order_acquire)) return;
+  if (abortHandler_) {
+    abortHandler_(*this);
   } else {
     finish(std::make_exception_ptr(
         Error(ErrorKind::Aborted, fmt::format("{} #{} was aborted", toString(type_), sequence_))));
@@ -100,18 +102,18 @@ void Work::finish(std::exception_ptr error, int sourceRank) {
   std::vector<std::function<void(Work&)>> callbacks;
   {
     std::lock_guard lock(mutex_);
-    if (completed_) return;
-    completed_ = true;
+    if (completed_.load(std::memory_order_relaxed)) return;
     error_ = std::move(error);
     if (sourceRank >= 0) sourceRank_ = sourceRank;
+    completed_.store(true, std::memory_order_release);
     callbacks.swap(callbacks_);
-    abortHandler_ = nullptr;
-    driver_ = nullptr;
+    // No callback (the common case): settled at once, one lock in all.
+    if (callbacks.empty()) settled_.store(true, std::memory_order_release);
   }
-  runCallbacks(callbacks);
-  {
+  if (!callbacks.empty()) {
+    runCallbacks(callbacks);
     std::lock_guard lock(mutex_);
-    settled_ = true;
+    settled_.store(true, std::memory_order_release);
   }
   done_.notify_all();
 }
@@ -133,16 +135,6 @@ void Work::runCallbacks(std::vector<std::function<void(Work&)>>& callbacks) {
       log(LogLevel::Error, "a completion callback of {} #{} threw", toString(type_), sequence_);
     }
   }
-}
-
-void Work::setProgressDriver(std::shared_ptr<const ProgressDriver> driver) {
-  std::lock_guard lock(mutex_);
-  if (!completed_) driver_ = std::move(driver);
-}
-
-void Work::setAbortHandler(std::function<void(const Work&)> handler) {
-  std::lock_guard lock(mutex_);
-  abortHandler_ = std::move(handler);
 }
 
 }  // namespace rdmacc

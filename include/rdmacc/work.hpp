@@ -44,7 +44,16 @@ const char* toString(OpType type) noexcept;
 // locks) but must not wait() for rdmacc work, which needs that progress.
 class Work : public std::enable_shared_from_this<Work> {
  public:
-  Work(OpType type, uint64_t sequence);
+  // wait() first lets the driver make progress on the caller's thread; it
+  // returns when the work completed or at `until` (the wait's timeout). One
+  // driver is shared by all of a backend's work (no allocation per operation).
+  using ProgressDriver =
+      std::function<void(const Work&, std::chrono::steady_clock::time_point until)>;
+  // `abortHandler` runs on abort() instead of failing the work alone. Both
+  // are fixed for the work's life: wait() and abort() read them without a
+  // lock (a small operation's wait takes none).
+  Work(OpType type, uint64_t sequence, std::function<void(const Work&)> abortHandler = nullptr,
+       std::shared_ptr<const ProgressDriver> driver = nullptr);
   virtual ~Work();
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
@@ -68,14 +77,6 @@ class Work : public std::enable_shared_from_this<Work> {
 
   // For the backend: completes the work (ok when error is null). Idempotent.
   void finish(std::exception_ptr error, int sourceRank = -1);
-  // Runs on abort() instead of failing the work alone.
-  void setAbortHandler(std::function<void(const Work&)> handler);
-  // wait() first lets the driver make progress on the caller's thread; it
-  // returns when the work completed or at `until` (the wait's timeout). One
-  // driver is shared by all of a backend's work (no allocation per operation).
-  using ProgressDriver =
-      std::function<void(const Work&, std::chrono::steady_clock::time_point until)>;
-  void setProgressDriver(std::shared_ptr<const ProgressDriver> driver);
 
  private:
   void runCallbacks(std::vector<std::function<void(Work&)>>& callbacks);
@@ -84,13 +85,15 @@ class Work : public std::enable_shared_from_this<Work> {
   const uint64_t sequence_;
   mutable std::mutex mutex_;
   std::condition_variable done_;
-  std::atomic<bool> completed_{false};  // written under mutex_; isCompleted() reads it without
-  bool settled_ = false;  // completed and its callbacks have run
+  // Both written under mutex_ and read without it (acquire): error_ and
+  // sourceRank_ are written before completed_ and never after.
+  std::atomic<bool> completed_{false};
+  std::atomic<bool> settled_{false};  // completed and its callbacks have run
   std::exception_ptr error_;
   int sourceRank_ = -1;
   std::vector<std::function<void(Work&)>> callbacks_;
-  std::function<void(const Work&)> abortHandler_;
-  std::shared_ptr<const ProgressDriver> driver_;
+  const std::function<void(const Work&)> abortHandler_;
+  const std::shared_ptr<const ProgressDriver> driver_;
 };
 
 }  // namespace rdmacc
