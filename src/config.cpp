@@ -63,7 +63,10 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_REGISTRATION_CACHE", Bool, "1", "",
     "use memory registered with VerbsBackend::registerMemory for zero-copy sends; 0: always copy through the staging slots", 0, 0},
   OptionSpec{"RDMACC_ZERO_COPY_MIN_BYTES", Int, "16384", "bytes",
-    "smallest message payload sent zero-copy from registered memory (smaller ones are copied)", 0, 1 << 30},
+    "smallest message payload sent zero-copy from registered memory, and smallest receive written in place by its sender (RDMA: into registered memory; shared memory: see RDMACC_SHM_SINGLE_COPY); smaller ones are copied through the slots", 0, 1 << 30},
+  OptionSpec{"RDMACC_SHM_SINGLE_COPY", Bool, "1", "",
+    "shared memory: receives of at least RDMACC_ZERO_COPY_MIN_BYTES are written in place by the sending rank with one copy (process_vm_writev, where the kernel permits: "
+    "same user, Yama ptrace_scope 0, no seccomp filter against it); 0: every message through the slots (two copies)", 0, 0},
   OptionSpec{"RDMACC_TREE_MAX_BYTES", Int, "65536", "bytes",
     "auto algorithm choice: allreduce and broadcast up to this size use trees (allreduce in power-of-two groups: recursive doubling), larger ones ring/chain; "
     "allgathers up to this gathered size and reduce_scatters up to this input size go to every rank in one step (linear), larger ones around the ring", 0, int64_t{1} << 40},

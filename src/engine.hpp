@@ -129,6 +129,10 @@ struct EngineOptions {
   // are sent without the staging copy. Null: always copy.
   const RegistrationCache* registrations = nullptr;
   size_t zeroCopyMinBytes = 16384;
+  // Shared memory: receives of at least zeroCopyMinBytes are advertised to
+  // local peers, which write them in place with one copy (process_vm_writev)
+  // where the kernel permits (RDMACC_SHM_SINGLE_COPY).
+  bool shmSingleCopy = true;
   // Keep-alive (RDMACC_KEEPALIVE_INTERVAL): the peers a pending operation
   // waits for are probed this often (Transport::probe), so a dead link or
   // host fails the operation within the retry budget instead of its

@@ -45,6 +45,7 @@ class Executor {
   const EngineOptions& options_;
   const std::vector<bool>& gone_;
   size_t chunk_;
+  bool anyMemoryPeers_ = false;  // some peer writes direct receives without a registration
   std::vector<char> streaming_;  // advancePointToPoint: peers with a send in progress
 };
 

@@ -84,7 +84,7 @@ class RdmaTransport final : public Transport {
   Departure departure(int) const override {
     return {"rdma_get_cm_event", "RDMA_CM_EVENT_DISCONNECTED"};
   }
-  bool directWrites(int) const override { return true; }
+  DirectWrites directWrites(int) const override { return DirectWrites::Registered; }
   void arm() override { mesh_.cq().arm(); }
   void disarm() override {}
   std::array<int, 4> eventFds() const override {

@@ -26,7 +26,7 @@ class RoutedTransport final : public Transport, private TransportSink {
   size_t chunkBytes() const noexcept override { return first_->chunkBytes(); }
   int slotsPerPeer() const noexcept override { return first_->slotsPerPeer(); }
   const std::string& peerAddress(int peer) const override { return of(peer).peerAddress(peer); }
-  bool directWrites(int peer) const override { return of(peer).directWrites(peer); }
+  DirectWrites directWrites(int peer) const override { return of(peer).directWrites(peer); }
   bool trySend(int peer, const wire::Header& header, const uint8_t* data,
                const std::shared_ptr<ZeroCopyWrites>& zeroCopy,
                std::optional<DirectTarget> direct) override {

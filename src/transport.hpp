@@ -42,6 +42,13 @@ struct ZeroCopyWrites {
   }
 };
 
+// How a peer can write payloads straight into this rank's destinations.
+enum class DirectWrites {
+  None,        // never: every payload goes through a slot
+  Registered,  // into memory the user registered (RDMA: the NIC checks the rkey)
+  AnyMemory,   // into any of this process's memory (shared memory: the kernel copies)
+};
+
 // A remote write straight into a peer's advertised destination.
 struct DirectTarget {
   uint64_t addr = 0;
@@ -79,10 +86,11 @@ class Transport {
   virtual int slotsPerPeer() const noexcept = 0;
   // "ip:port (GID ...)", for errors.
   virtual const std::string& peerAddress(int peer) const = 0;
-  // Whether messages to peer can carry direct writes (trySend's `direct`):
-  // worth advertising receives to it. Without, `direct` is ignored and the
-  // payload goes through the slot (the receiver accepts both).
-  virtual bool directWrites(int peer) const = 0;
+  // Whether messages to peer can carry direct writes (trySend's `direct`),
+  // and into which memory: worth advertising receives to it. Without,
+  // `direct` is ignored and the payload goes through the slot (the receiver
+  // accepts both).
+  virtual DirectWrites directWrites(int peer) const = 0;
 
   // Sends one message: header.payload bytes from `data`. With `zeroCopy`, a
   // payload in memory the user registered may be sent from there (recorded

@@ -151,9 +151,10 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .spin = spins.first,
           .spinLatencyBound = spins.second,
           .spinYield = yield,
-          // Zero-copy sends and direct receives exist on RDMA only.
+          // Zero-copy sends from registered memory exist on RDMA only.
           .registrations = s.mesh ? s.registrations.get() : nullptr,
           .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES")),
+          .shmSingleCopy = s.config.getBool("RDMACC_SHM_SINGLE_COPY"),
           .keepalive = std::chrono::duration_cast<std::chrono::milliseconds>(
               s.config.getDuration("RDMACC_KEEPALIVE_INTERVAL"))});
   s.driver = s.engine->driver();

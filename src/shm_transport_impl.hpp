@@ -1,0 +1,176 @@
+// The shared-memory transport's inside, shared by its setup
+// (shm_setup.cpp: segments, mapping the peers', the single-copy check) and
+// its data path (shm_transport.cpp: sending, polling, credits, departures).
+// Private to those two files; the interface is shm_transport.hpp.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rdmacc/store.hpp"
+#include "src/buffer.hpp"
+#include "src/engine.hpp"
+#include "src/slot_window.hpp"
+#include "src/socket.hpp"
+#include "src/transport.hpp"
+#include "src/wire.hpp"
+
+namespace rdmacc::shm {
+
+using wire::Header;
+using wire::kHeaderBytes;
+
+constexpr uint64_t kMagic = 0x524443434d485331;  // "RDCCMHS1"
+constexpr uint32_t kVersion = 2;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
+              "shared-memory rings need address-free atomics");
+
+// At the start of every segment: what the owner built, checked by each peer
+// that maps it, and the owner's flags.
+struct SegmentHead {
+  uint64_t magic = kMagic;
+  uint32_t version = kVersion;
+  uint32_t lanes = 0;  // one per local peer, in rank order
+  uint32_t slots = 0;
+  uint32_t ringEntries = 0;
+  uint64_t slotBytes = 0;
+  // Where the owner mapped this segment, and a random word of it: a peer
+  // that reads the word at that address through the kernel (cma::read) and
+  // finds what its own mapping shows knows single-copy writes reach the
+  // owner.
+  uint64_t base = 0;
+  uint64_t nonce = 0;
+  alignas(64) std::atomic<uint32_t> sleeping{0};  // the owner sleeps: ring its doorbell
+  alignas(64) std::atomic<uint32_t> departed{0};  // the owner's transport is gone
+};
+
+// One sender's lane in the receiver's segment: the ring of arrival records
+// (the sender advances tail, the receiver head), then the sender's slots.
+struct RingHead {
+  alignas(64) std::atomic<uint64_t> tail{0};
+  alignas(64) std::atomic<uint64_t> head{0};
+};
+
+// What a WRITE_WITH_IMM's completion tells the receiver on the RDMA
+// transport: the immediate (a slot, or a credit) and the bytes written.
+struct Record {
+  uint32_t imm = 0;
+  uint32_t bytes = 0;
+};
+
+constexpr size_t roundUp(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+struct Geometry {
+  uint32_t lanes = 0;
+  uint32_t slots = 0;
+  uint32_t ringEntries = 0;
+  size_t slotBytes = 0;
+  size_t headBytes() const { return roundUp(sizeof(SegmentHead), 64); }
+  size_t recordsBytes() const { return roundUp(ringEntries * sizeof(Record), 64); }
+  size_t laneBytes() const { return sizeof(RingHead) + recordsBytes() + slots * slotBytes; }
+  size_t totalBytes() const { return headBytes() + lanes * laneBytes(); }
+  size_t laneOffset(size_t lane) const { return headBytes() + lane * laneBytes(); }
+};
+
+using Mapping = std::unique_ptr<uint8_t, PageUnmap>;
+
+struct Peer {
+  bool carried = false;
+  int pid = -1;
+  net::Fd pidfd;
+  std::string address;  // "pid N on this host", for errors
+  Mapping mapping;      // the peer's segment
+  SegmentHead* head = nullptr;
+  // This rank's lane in the peer's segment (we produce), and the peer's lane
+  // in ours (we consume).
+  RingHead* out = nullptr;
+  Record* outRecords = nullptr;
+  uint8_t* outSlots = nullptr;
+  uint64_t outTail = 0;
+  RingHead* in = nullptr;
+  Record* inRecords = nullptr;
+  uint8_t* inSlots = nullptr;
+  uint64_t inHead = 0;
+  sockaddr_un doorbell{};
+  socklen_t doorbellLength = 0;
+  bool reported = false;  // its departure was reported
+  Departure how;          // and how it showed
+  SlotWindow window;
+  bool singleCopy = false;  // direct writes into its memory (cma) work
+};
+
+class ShmTransport final : public Transport {
+ public:
+  ShmTransport(Store& store, const EngineOptions& options, const std::vector<bool>& carried);
+  ~ShmTransport() override;
+
+  size_t chunkBytes() const noexcept override { return geometry_.slotBytes - kHeaderBytes; }
+  int slotsPerPeer() const noexcept override { return static_cast<int>(geometry_.slots); }
+  const std::string& peerAddress(int peer) const override { return peers_[idx(peer)].address; }
+  DirectWrites directWrites(int peer) const override {
+    return peers_[idx(peer)].singleCopy ? DirectWrites::AnyMemory : DirectWrites::None;
+  }
+  bool trySend(int peer, const Header& header, const uint8_t* data,
+               const std::shared_ptr<ZeroCopyWrites>& zeroCopy,
+               std::optional<DirectTarget> direct) override;
+  void reserveCredits(size_t slots) override { creditReserve_ = slots; }
+  const uint8_t* payload(int peer, int slot) const override {
+    return peers_[idx(peer)].inSlots + static_cast<size_t>(slot) * geometry_.slotBytes +
+           kHeaderBytes;
+  }
+  void release(int peer, int slot) override;
+  bool poll(TransportSink& sink) override;
+  bool flushCredits() override;
+  std::vector<int> takeDisconnected() override;
+  Departure departure(int peer) const override { return peers_[idx(peer)].how; }
+  void arm() override;
+  void disarm() override { consumeEvents(); }
+  std::array<int, 4> eventFds() const override { return {doorbell_.get(), -1, -1, -1}; }
+  void consumeEvents() override;
+  void drain(const std::vector<bool>&) override {}  // every send completed when it returned
+
+ private:
+  static size_t idx(int rank) { return static_cast<size_t>(rank); }
+  void create();
+  void attach(Store& store, const std::string& group);
+  // Free ring entries in peer's lane; throws when the peer corrupted its head.
+  uint64_t ringSpace(int to, Peer& p) const;
+  void publish(Peer& p, Record r);
+  // Wakes the peer. An extra wake-up costs a poll; one refused because the
+  // socket's buffer is full is not needed (unread ones are there).
+  void ringDoorbell(const Peer& p) const {
+    ::sendto(bell_.get(), "", 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+             reinterpret_cast<const sockaddr*>(&p.doorbell), p.doorbellLength);
+  }
+  bool flushCredits(int to);
+  bool probeSingleCopy(int rank, const Peer& p) const;
+  bool writeDirect(int to, Peer& p, const uint8_t* data, const DirectTarget& target, size_t bytes);
+
+  int rank_;
+  int size_;
+  Geometry geometry_;
+  std::string name_;  // our segment's, "/rdmacc-<pid>-<random>"
+  bool unlinked_ = true;
+  Mapping mine_;
+  SegmentHead* head_ = nullptr;
+  net::Fd doorbell_;  // bound: peers wake us through it
+  net::Fd bell_;      // unbound: we wake peers through it
+  std::vector<Peer> peers_;
+  size_t creditReserve_ = 0;
+  uint64_t arrivals_ = 0;
+  bool singleCopy_;  // RDMACC_SHM_SINGLE_COPY
+};
+
+}  // namespace rdmacc::shm
