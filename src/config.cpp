@@ -48,6 +48,9 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_HOST_ID", String, "", "",
     "overrides which ranks count as one host for shared memory (default: hostname, boot id and "
     "namespaces); ranks with equal values share memory (tests that pretend to be several hosts)", 0, 0},
+  OptionSpec{"RDMACC_IB_RAILS", Int, "1", "ports",
+    "ports (NICs) each rank stripes its RDMA peers' traffic over: collective chunks round-robin over one set of queue pairs per port, point-to-point on the first; "
+    "local rank r takes usable ports r, r+1, ... (RDMACC_IB_HCA lists them); every rank of a group must use the same number", 1, 4},
   OptionSpec{"RDMACC_QPS_PER_PEER", Int, "1", "",
     "reliable-connected queue pairs per peer; collective chunks are striped over them (point-to-point "
     "messages keep to the first)", 1, 16},

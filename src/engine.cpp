@@ -95,8 +95,8 @@ bool Engine::Impl::advance() {
   return progress;
 }
 
-Engine::Engine(Mesh* mesh, Store& store, EngineOptions options)
-    : impl_(std::make_unique<Impl>(mesh, store, std::move(options))) {
+Engine::Engine(const std::vector<Mesh*>& rails, Store& store, EngineOptions options)
+    : impl_(std::make_unique<Impl>(rails, store, std::move(options))) {
   gate_ = std::make_shared<DriverGate>();
   gate_->impl = impl_.get();
   impl_->loop.start();

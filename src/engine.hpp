@@ -145,9 +145,10 @@ struct EngineOptions {
 class Engine {
  public:
   // Sets up the transports (the slot regions, exchanged with the peers
-  // through the store); throws Error when that fails. `mesh` may be null when
+  // through the store); throws Error when that fails. `rails`: one mesh per
+  // NIC this rank stripes its RDMA peers over (RDMACC_IB_RAILS); empty when
   // every peer is reached through shared memory.
-  Engine(Mesh* mesh, Store& store, EngineOptions options);
+  Engine(const std::vector<Mesh*>& rails, Store& store, EngineOptions options);
   ~Engine();  // fails what is still pending with Error(Aborted), then stops
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -18,13 +18,13 @@
 #include "rdmacc/log.hpp"
 #include "src/active.hpp"
 #include "src/blame.hpp"
+#include "src/composite_transport.hpp"
 #include "src/executor.hpp"
 #include "src/matching.hpp"
 #include "src/mesh.hpp"
 #include "src/peer_errors.hpp"
 #include "src/progress.hpp"
 #include "src/rdma_transport.hpp"
-#include "src/routed_transport.hpp"
 #include "src/shm_transport.hpp"
 
 namespace rdmacc {
@@ -88,11 +88,11 @@ struct Engine::Impl final : TransportSink, Steppable {
   std::optional<Error> brokenCopy;
   Progress loop;  // last: its thread starts after everything above exists
 
-  Impl(Mesh* mesh, Store& groupStore, EngineOptions o)
+  Impl(const std::vector<Mesh*>& rails, Store& groupStore, EngineOptions o)
       : options(resolved(std::move(o))),
         rank(options.rank),
         size(options.size),
-        transport(makeTransport(mesh, groupStore, options)),
+        transport(makeTransport(rails, groupStore, options)),
         chunk(transport->chunkBytes()),
         dead(static_cast<size_t>(size), false),
         gone(static_cast<size_t>(size), false),
@@ -111,9 +111,10 @@ struct Engine::Impl final : TransportSink, Steppable {
     return o;
   }
 
-  // Shared memory to the peers on this host, RDMA to the others: one
-  // transport when every peer takes the same, else both behind a router.
-  static std::unique_ptr<Transport> makeTransport(Mesh* mesh, Store& store,
+  // Shared memory to the peers on this host, RDMA to the others (one
+  // transport per rail, each peer striped over all): one transport when one
+  // carries every peer, else all behind a composite.
+  static std::unique_ptr<Transport> makeTransport(const std::vector<Mesh*>& rails, Store& store,
                                                   const EngineOptions& options) {
     const auto& shm = options.sharedMemoryPeers;
     bool anyShm = false, anyRdma = false;
@@ -121,15 +122,33 @@ struct Engine::Impl final : TransportSink, Steppable {
       if (peer == options.rank) continue;
       (shm[static_cast<size_t>(peer)] ? anyShm : anyRdma) = true;
     }
-    if (mesh == nullptr) {
+    if (rails.empty()) {
       if (anyRdma) {
         throw Error(ErrorKind::Internal, "peers on other hosts, but no connection mesh to them");
       }
       return makeShmTransport(store, options, shm);
     }
-    auto rdma = makeRdmaTransport(*mesh, store, options);
-    if (!anyShm) return rdma;
-    return makeRoutedTransport(std::move(rdma), makeShmTransport(store, options, shm), shm);
+    std::vector<std::unique_ptr<Transport>> children;
+    for (size_t i = 0; i < rails.size(); ++i) {
+      EngineOptions rail = options;
+      if (i > 0) {  // its own slot regions in the store; zero-copy on the first rail only
+        rail.group += fmt::format("/rail{}", i);
+        rail.registrations = nullptr;
+      }
+      children.push_back(makeRdmaTransport(*rails[i], store, rail));
+    }
+    if (children.size() == 1 && !anyShm) return std::move(children[0]);
+    std::vector<uint8_t> striped(children.size());
+    for (size_t i = 0; i < striped.size(); ++i) striped[i] = static_cast<uint8_t>(i);
+    std::vector<std::vector<uint8_t>> carriers(static_cast<size_t>(options.size));
+    for (int peer = 0; peer < options.size; ++peer) {
+      if (peer == options.rank) continue;
+      carriers[static_cast<size_t>(peer)] =
+          shm[static_cast<size_t>(peer)] ? std::vector<uint8_t>{static_cast<uint8_t>(rails.size())}
+                                         : striped;
+    }
+    if (anyShm) children.push_back(makeShmTransport(store, options, shm));
+    return makeCompositeTransport(std::move(children), std::move(carriers));
   }
 
   // ----------------------------------------------------------- arrivals --

@@ -44,12 +44,12 @@ std::string hostIdentity(const std::string& override) {
 }
 
 std::vector<int> hostNumbers(Store& store, const std::string& group, int rank, int size,
-                             const std::string& identity, const std::string& transport) {
+                             const std::string& identity, const std::string& agreed) {
   PrefixStore hosts("rdmacc/host/" + group, std::shared_ptr<Store>(&store, [](Store*) {}));
   // Line 1: what this rank speaks (the versions a mismatch error names);
-  // line 2: its RDMACC_TRANSPORT; the rest: its host identity.
+  // line 2: the settings every rank must share; the rest: its host identity.
   const std::string mine = fmt::format("rdmacc {} protocol {}", version(), handshake::kVersion);
-  hosts.set(fmt::format("{}", rank), toBytes(mine + "\n" + transport + "\n" + identity));
+  hosts.set(fmt::format("{}", rank), toBytes(mine + "\n" + agreed + "\n" + identity));
   std::vector<std::string> identities(static_cast<size_t>(size));
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) {
@@ -87,14 +87,13 @@ std::vector<int> hostNumbers(Store& store, const std::string& group, int rank, i
     const std::string theirs =
         second == std::string::npos
             ? std::string()
-            : text.substr(first + 1, std::min(second - first - 1, size_t{16}));
-    if (second == std::string::npos || theirs != transport) {
-      throw Error(
-          ErrorInfo{.kind = ErrorKind::InvalidArgument,
-                    .message = fmt::format("rank {} uses RDMACC_TRANSPORT={}, this rank {}", peer,
-                                           theirs, transport),
-                    .peerRank = peer,
-                    .hint = "set RDMACC_TRANSPORT the same on every rank (or leave it at auto)"});
+            : text.substr(first + 1, std::min(second - first - 1, size_t{96}));
+    if (second == std::string::npos || theirs != agreed) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::InvalidArgument,
+          .message = fmt::format("rank {} runs with {}, this rank with {}", peer, theirs, agreed),
+          .peerRank = peer,
+          .hint = "set these the same on every rank (or leave them at their defaults)"});
     }
     identities[static_cast<size_t>(peer)] = text.substr(second + 1);
   }

@@ -20,13 +20,13 @@ std::string hostIdentity(const std::string& override);
 // By rank: the number of that rank's host, hosts numbered from 0 in order of
 // their lowest rank (ranks with equal identities share a number; this rank's
 // host is hostOf[rank]). The same on every rank: all read the same identities.
-// Publishes this rank's rdmacc and protocol versions, transport choice
-// (RDMACC_TRANSPORT) and identity under the group's name and waits for
-// every rank's; throws Error(Protocol) naming a rank whose protocol differs
-// (both versions in the message) and Error(InvalidArgument) naming a rank
-// whose transport choice differs (the ranks would wait for connections the
-// others never make).
+// Publishes this rank's rdmacc and protocol versions, the settings every rank
+// must share (`agreed`, "RDMACC_TRANSPORT=auto RDMACC_IB_RAILS=1": ranks that
+// differ would wait for connections the others never make) and identity
+// under the group's name and waits for every rank's; throws Error(Protocol)
+// naming a rank whose protocol differs (both versions in the message) and
+// Error(InvalidArgument) naming a rank whose settings differ.
 std::vector<int> hostNumbers(Store& store, const std::string& group, int rank, int size,
-                             const std::string& identity, const std::string& transport);
+                             const std::string& identity, const std::string& agreed);
 
 }  // namespace rdmacc

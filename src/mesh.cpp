@@ -64,7 +64,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
   groupStore.setTimeout(connectTimeout);
   auto deadline = Clock::now() + connectTimeout;
   try {
-    endpoint_ = selectEndpoint(config);
+    endpoint_ = options.endpoint ? *options.endpoint : selectEndpoint(config);
     if (const ForkSafety fork = forkSafety(); fork.atRisk) {
       log(LogLevel::Warn, "fork safety {}", fork.text);
     }

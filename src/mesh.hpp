@@ -22,6 +22,8 @@ struct MeshOptions {
   // Peers this mesh does not connect (reached through shared memory): empty,
   // or one entry per rank. Both sides of a pair must agree (hostNumbers does).
   std::vector<bool> skip;
+  // The port to use; none: selectEndpoint (RDMACC_IB_HCA and the local rank).
+  std::optional<Endpoint> endpoint;
 };
 
 // Built and destroyed by one thread. Afterwards the QPs, PD and CQ may be

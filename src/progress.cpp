@@ -94,7 +94,7 @@ void Progress::sleep(std::chrono::microseconds maxWait, bool mayIdle) {
 // `limit`; consumes the wake-up.
 void Progress::waitForEvents(bool events, std::optional<std::chrono::microseconds> limit) {
   const auto fds = transport_.eventFds();
-  std::array<pollfd, 5> polled{{{wakeFd_.get(), POLLIN, 0}}};
+  std::array<pollfd, std::tuple_size_v<EventFds> + 1> polled{{{wakeFd_.get(), POLLIN, 0}}};
   nfds_t count = 1;
   for (int fd : fds) {
     if (events && fd >= 0) polled[count++] = pollfd{fd, POLLIN, 0};

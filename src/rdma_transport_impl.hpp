@@ -87,8 +87,13 @@ class RdmaTransport final : public Transport {
   DirectWrites directWrites(int) const override { return DirectWrites::Registered; }
   void arm() override { mesh_.cq().arm(); }
   void disarm() override {}
-  std::array<int, 4> eventFds() const override {
-    return {mesh_.cq().fd(), mesh_.eventFd(), mesh_.context()->async_fd, -1};
+  EventFds eventFds() const override {
+    EventFds fds;
+    fds.fill(-1);
+    fds[0] = mesh_.cq().fd();
+    fds[1] = mesh_.eventFd();
+    fds[2] = mesh_.context()->async_fd;
+    return fds;
   }
   void consumeEvents() override {
     mesh_.cq().drainEvents();

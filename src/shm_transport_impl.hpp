@@ -137,7 +137,12 @@ class ShmTransport final : public Transport {
   Departure departure(int peer) const override { return peers_[idx(peer)].how; }
   void arm() override;
   void disarm() override { consumeEvents(); }
-  std::array<int, 4> eventFds() const override { return {doorbell_.get(), -1, -1, -1}; }
+  EventFds eventFds() const override {
+    EventFds fds;
+    fds.fill(-1);
+    fds[0] = doorbell_.get();
+    return fds;
+  }
   void consumeEvents() override;
   void drain(const std::vector<bool>&) override {}  // every send completed when it returned
 

@@ -55,6 +55,11 @@ struct DirectTarget {
   uint32_t rkey = 0;
 };
 
+// The descriptors a sleeping thread polls for a transport's events; -1 for
+// none. Sixteen: four RDMA rails (completion channel, rdma_cm channel, async
+// events each) and shared memory's doorbell fit.
+using EventFds = std::array<int, 16>;
+
 // A message that arrived and passed wire validation. It holds its slot until
 // Transport::release(); `arrival` orders messages of all peers (any-source
 // receives take the oldest).
@@ -124,7 +129,7 @@ class Transport {
   // disarm() withdraws arm() when the thread did not sleep after all.
   virtual void arm() = 0;
   virtual void disarm() = 0;
-  virtual std::array<int, 4> eventFds() const = 0;
+  virtual EventFds eventFds() const = 0;
   virtual void consumeEvents() = 0;
 
   // Before the connections go away: lets transfers already posted to the

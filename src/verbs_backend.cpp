@@ -47,13 +47,15 @@ std::pair<std::chrono::microseconds, std::chrono::microseconds> spinTimes(
 // One line per rank at info level: what a cluster log needs to tell ranks,
 // hosts, launches and devices apart.
 void logStartup(const Config& config, int rank, int size, const std::string& group,
-                const Mesh* mesh, size_t sharedMemoryPeers, size_t rdmaPeers) {
+                const std::vector<std::unique_ptr<Mesh>>& rails, size_t sharedMemoryPeers,
+                size_t rdmaPeers) {
   if (!logEnabled(LogLevel::Info)) return;
   std::string device;
-  if (mesh != nullptr) {
+  for (const auto& mesh : rails) {
     const Endpoint& e = mesh->endpoint();
-    device = fmt::format(" on {} port {} GID {} ({}, index {}) MTU {}", e.device, e.port, e.gid,
-                         e.gidType, e.gidIndex, e.activeMtu);
+    device +=
+        fmt::format("{} {} port {} GID {} ({}, index {}) MTU {}", device.empty() ? " on" : " and",
+                    e.device, e.port, e.gid, e.gidType, e.gidIndex, e.activeMtu);
   }
   const auto launch = launcherVariables();
   const auto settings = config.nonDefault();
@@ -93,9 +95,10 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   // Shared memory to the ranks on this host, RDMA to the others
   // (RDMACC_TRANSPORT=auto); the mesh only when some peer needs RDMA.
   const std::string& transport = s.config.getString("RDMACC_TRANSPORT");
-  s.hosts =
-      algorithms::Hosts(hostNumbers(*s.store, options.groupName, rank, size,
-                                    hostIdentity(s.config.getString("RDMACC_HOST_ID")), transport));
+  const int railCount = static_cast<int>(s.config.getInt("RDMACC_IB_RAILS"));
+  s.hosts = algorithms::Hosts(hostNumbers(
+      *s.store, options.groupName, rank, size, hostIdentity(s.config.getString("RDMACC_HOST_ID")),
+      fmt::format("RDMACC_TRANSPORT={} RDMACC_IB_RAILS={}", transport, railCount)));
   std::vector<bool> shm(static_cast<size_t>(size), false);
   std::vector<int> remote;
   for (int peer = 0; peer < size; ++peer) {
@@ -110,16 +113,29 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
             "use RDMACC_TRANSPORT=auto (shared memory inside a host, RDMA between hosts)");
   }
   if (!remote.empty() || transport == "rdma") {
-    s.mesh = std::make_unique<Mesh>(*s.store, rank, size, s.config,
-                                    MeshOptions{.group = options.groupName, .skip = shm});
+    // One mesh per rail (RDMACC_IB_RAILS), each on its own port; the first
+    // keeps the group's name, so one rail is what it always was.
+    std::vector<std::optional<Endpoint>> endpoints(1);
+    if (railCount > 1) {
+      auto chosen = selectEndpoints(s.config, localRankFromEnvironment(), railCount);
+      endpoints.assign(chosen.begin(), chosen.end());
+    }
+    for (size_t i = 0; i < endpoints.size(); ++i) {
+      s.rails.push_back(std::make_unique<Mesh>(
+          *s.store, rank, size, s.config,
+          MeshOptions{
+              .group = i == 0 ? options.groupName : fmt::format("{}/rail{}", options.groupName, i),
+              .skip = shm,
+              .endpoint = endpoints[i]}));
+    }
   }
-  logStartup(s.config, rank, size, s.group, s.mesh.get(),
+  logStartup(s.config, rank, size, s.group, s.rails,
              static_cast<size_t>(std::count(shm.begin(), shm.end(), true)), remote.size());
   // registerMemory keeps its contract (deregistering twice, or memory never
   // registered, is an error) in every group; only RDMA peers need a memory
   // region behind it, so without a mesh a registration records the range.
   s.registrations = std::make_unique<RegistrationCache>(
-      [pd = s.mesh ? s.mesh->pd() : nullptr](uintptr_t begin, size_t length) {
+      [pd = s.rails.empty() ? nullptr : s.rails[0]->pd()](uintptr_t begin, size_t length) {
         if (pd == nullptr) return Registration{.begin = begin, .end = begin + length};
         // Remote write: peers write large receives straight into it.
         std::shared_ptr<ibv_mr> mr = verbs::registerMemory(pd, reinterpret_cast<void*>(begin),
@@ -137,8 +153,10 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
       spinYield(s.config.getString("RDMACC_SPIN_YIELD"),
                 static_cast<int>(s.hosts.members[static_cast<size_t>(s.hosts.host(rank))].size()));
   const auto spins = spinTimes(s.config.getString("RDMACC_SPIN_US"), yield);
+  std::vector<Mesh*> rails;
+  for (const auto& mesh : s.rails) rails.push_back(mesh.get());
   s.engine = std::make_unique<Engine>(
-      s.mesh.get(), *s.store,
+      rails, *s.store,
       EngineOptions{
           .group = options.groupName,
           .rank = rank,
@@ -152,7 +170,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .spinLatencyBound = spins.second,
           .spinYield = yield,
           // Zero-copy sends from registered memory exist on RDMA only.
-          .registrations = s.mesh ? s.registrations.get() : nullptr,
+          .registrations = s.rails.empty() ? nullptr : s.registrations.get(),
           .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES")),
           .shmSingleCopy = s.config.getBool("RDMACC_SHM_SINGLE_COPY"),
           .keepalive = std::chrono::duration_cast<std::chrono::milliseconds>(

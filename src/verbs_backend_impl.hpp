@@ -85,8 +85,8 @@ struct VerbsBackend::Impl {
   TuningTable tuning;
   algorithms::Hosts hosts;  // which ranks share a host: hierarchical algorithms
   std::string group;
-  std::unique_ptr<Mesh> mesh;
-  std::unique_ptr<RegistrationCache> registrations;    // after the mesh (its PD)
+  std::vector<std::unique_ptr<Mesh>> rails;            // one mesh per NIC; empty: no RDMA peer
+  std::unique_ptr<RegistrationCache> registrations;    // after the meshes (the first's PD)
   std::unique_ptr<Engine> engine;                      // after both: stopped first
   std::shared_ptr<const Work::ProgressDriver> driver;  // the engine's, for every Work
   std::mutex submitMutex;                              // sequence numbers follow submission order

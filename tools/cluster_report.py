@@ -122,14 +122,26 @@ def loss_table(directory):
 
 def rails_table(directory):
     rounds = rounds_of(directory, "rails")
-    runs = load(directory, r"rails-(\d)-(allreduce|alltoall)-r(\d+)\.json")
+    tables = [rails_variant(
+        directory, rounds, "rails",
+        f"### One NIC or two per host (2 hosts x 2 ranks, {rounds} round(s))",
+        "Both local ranks on rail 0 (`RDMACC_IB_HCA=rxe0`) or spread over two "
+        "(`RDMACC_IB_HCA=rxe0,rxe1`, local rank r on rail r); shared memory inside "
+        "a host. busbw in GB/s."), rails_variant(
+        directory, rounds, "stripe",
+        f"### One rank striping over two NICs (2 hosts x 1 rank, {rounds} round(s))",
+        "One rank per host on rail 0 (`RDMACC_IB_RAILS=1`) or striping its peer's traffic "
+        "over both (`RDMACC_IB_HCA=rxe0,rxe1 RDMACC_IB_RAILS=2`: collective chunks "
+        "round-robin over one queue pair per NIC). busbw in GB/s.")]
+    return "\n".join(t for t in tables if t)
+
+
+def rails_variant(directory, rounds, prefix, title, text):
+    runs = load(directory, prefix + r"-(\d)-(allreduce|alltoall)-r(\d+)\.json")
     if not runs:
         return ""
     labels = size_labels(runs)
-    out = [f"### One NIC or two per host (2 hosts x 2 ranks, {rounds} round(s))", "",
-           "Both local ranks on rail 0 (`RDMACC_IB_HCA=rxe0`) or spread over two "
-           "(`RDMACC_IB_HCA=rxe0,rxe1`, local rank r on rail r); shared memory inside "
-           "a host. busbw in GB/s.", "",
+    out = [title, "", text, "",
            "| rails | " + " | ".join(f"{c} {s}" for c in ("allreduce", "alltoall") for s in labels)
            + " | wrong elements | runs completed |",
            "|---|" + "---|" * (2 * len(labels)) + "---|---|"]

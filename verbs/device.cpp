@@ -323,6 +323,10 @@ Endpoint selectEndpoint(const Config& config) {
 }
 
 Endpoint selectEndpoint(const Config& config, int localRank) {
+  return selectEndpoints(config, localRank, 1).front();
+}
+
+std::vector<Endpoint> selectEndpoints(const Config& config, int localRank, int count) {
   const std::string& hca = config.getString("RDMACC_IB_HCA");
   const std::string& ifname = config.getString("RDMACC_SOCKET_IFNAME");
   const int gidIndex = static_cast<int>(config.getInt("RDMACC_IB_GID_INDEX"));
@@ -440,17 +444,33 @@ Endpoint selectEndpoint(const Config& config, int localRank) {
         "bring a port up (`rdma link`, `ibv_devinfo`), give its netdev an IPv4 address, or pick "
         "another with RDMACC_IB_HCA=device:port");
   }
-  // Several: the local ranks of a host spread over them, as NCCL's do.
-  const size_t pick = static_cast<size_t>(std::max(localRank, 0)) % found.size();
-  Endpoint ep = std::move(found[pick]);
+  if (count < 1 || static_cast<size_t>(count) > found.size()) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("RDMACC_IB_RAILS={} but {} usable port(s) ({})", count, found.size(),
+                            hca.empty() ? "every active port" : "RDMACC_IB_HCA=" + hca),
+                "list as many ports in RDMACC_IB_HCA (device:port,...) as rails, or lower "
+                "RDMACC_IB_RAILS");
+  }
+  // Several: the local ranks of a host spread over them, as NCCL's do; a
+  // rank that stripes over `count` takes the ports after its own too.
   const std::string from = hca.empty() ? "active ports" : "RDMACC_IB_HCA=" + hca;
-  ep.reason =
-      found.size() == 1
-          ? fmt::format("{}; {}", hca.empty() ? "first active port" : "RDMACC_IB_HCA=" + hca,
-                        ep.reason)
-          : fmt::format("port {} of {} usable ({}) for local rank {}; {}", pick + 1, found.size(),
-                        from, localRank, ep.reason);
-  return ep;
+  std::vector<Endpoint> chosen;
+  for (int i = 0; i < count; ++i) {
+    const size_t pick =
+        (static_cast<size_t>(std::max(localRank, 0)) + static_cast<size_t>(i)) % found.size();
+    Endpoint ep = found[pick];
+    ep.reason =
+        found.size() == 1
+            ? fmt::format("{}; {}", hca.empty() ? "first active port" : "RDMACC_IB_HCA=" + hca,
+                          ep.reason)
+        : count == 1
+            ? fmt::format("port {} of {} usable ({}) for local rank {}; {}", pick + 1, found.size(),
+                          from, localRank, ep.reason)
+            : fmt::format("rail {} of {}: port {} of {} usable ({}) for local rank {}; {}", i + 1,
+                          count, pick + 1, found.size(), from, localRank, ep.reason);
+    chosen.push_back(std::move(ep));
+  }
+  return chosen;
 }
 
 }  // namespace rdmacc

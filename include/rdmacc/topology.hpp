@@ -67,6 +67,10 @@ struct Endpoint {
 // and what to change.
 Endpoint selectEndpoint(const Config& config);  // local rank from the environment
 Endpoint selectEndpoint(const Config& config, int localRank);
+// The ports one rank stripes its RDMA traffic over (RDMACC_IB_RAILS =
+// `count`): local rank r takes usable ports r, r + 1, ... (mod n). Throws
+// Error(InvalidArgument) when fewer than `count` ports are usable.
+std::vector<Endpoint> selectEndpoints(const Config& config, int localRank, int count);
 
 // RDMACC_IB_HCA's syntax, "device[:port][,device[:port]]..." (pure; throws
 // Error(InvalidArgument) naming the bad entry). Port 0: any port.

@@ -16,11 +16,11 @@ namespace rdmacc {
 namespace {
 
 // What rank 1 of group "g" published, as another build would.
-std::string hostNumbersError(const std::string& published) {
+std::string hostNumbersError(const std::string& published, const std::string& agreed = "auto") {
   HashStore store;
   store.set("rdmacc/host/g/1", toBytes(published));
   try {
-    hostNumbers(store, "g", 0, 2, "host-a", "auto");
+    hostNumbers(store, "g", 0, 2, "host-a", agreed);
   } catch (const Error& e) {
     return e.what();
   }
@@ -79,7 +79,18 @@ TEST(HostIdentity, HostileTextIsQuotedBounded) {
 
 TEST(HostIdentity, ADifferentTransportChoiceIsRefused) {
   const std::string error = hostNumbersError(mine() + "\nrdma\nhost-a");
-  EXPECT_NE(error.find("rank 1 uses RDMACC_TRANSPORT=rdma, this rank auto"), std::string::npos)
+  EXPECT_NE(error.find("rank 1 runs with rdma, this rank with auto"), std::string::npos) << error;
+}
+
+// What the backend publishes: a rank striping over another number of NICs
+// is refused by name before any connection is waited for.
+TEST(HostIdentity, ADifferentRailCountIsRefused) {
+  const std::string error =
+      hostNumbersError(mine() + "\nRDMACC_TRANSPORT=auto RDMACC_IB_RAILS=2\nhost-a",
+                       "RDMACC_TRANSPORT=auto RDMACC_IB_RAILS=1");
+  EXPECT_NE(error.find("rank 1 runs with RDMACC_TRANSPORT=auto RDMACC_IB_RAILS=2, this rank with "
+                       "RDMACC_TRANSPORT=auto RDMACC_IB_RAILS=1"),
+            std::string::npos)
       << error;
 }
 

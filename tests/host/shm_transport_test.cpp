@@ -36,8 +36,10 @@ size_t ourSegments() {
 // (a constructor that throws runs no destructor).
 TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
   auto store = std::make_shared<HashStore>(500ms);
-  store->set("rdmacc/host/lonely/1", toBytes(fmt::format("rdmacc {} protocol {}\nshm\nsame-host",
-                                                         version(), handshake::kVersion)));
+  store->set("rdmacc/host/lonely/1",
+             toBytes(fmt::format(
+                 "rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm RDMACC_IB_RAILS=1\nsame-host",
+                 version(), handshake::kVersion)));
   const size_t before = ourSegments();
   try {
     VerbsBackend backend(store, 0, 2,
