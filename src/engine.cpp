@@ -99,6 +99,7 @@ Engine::Engine(const std::vector<Mesh*>& rails, Store& store, EngineOptions opti
     : impl_(std::make_unique<Impl>(rails, store, std::move(options))) {
   gate_ = std::make_shared<DriverGate>();
   gate_->impl = impl_.get();
+  impl_->workDriver = driver();
   impl_->loop.start();
 }
 
@@ -123,20 +124,41 @@ std::string Operation::description() const {
   return fmt::format("{} #{} ({})", toString(type), sequence, fmt::vformat(detailFormat, args));
 }
 
-void Engine::submit(std::unique_ptr<Operation> op) {
+std::shared_ptr<Work> Engine::submit(std::unique_ptr<Operation> op) {
+  std::shared_ptr<Work> work;
   {
     std::lock_guard lock(impl_->intakeMutex);
+    op->sequence = op->pointToPoint ? ++impl_->pointToPointCount : ++impl_->collectiveCount;
+    work = std::make_shared<Work>(
+        op->type, op->sequence,
+        [this](const Work& w) {
+          abort(fmt::format("{} #{} was aborted by the user", toString(w.opType()),
+                            w.sequenceNumber()));
+        },
+        impl_->workDriver);
+    op->work = work;
     if (impl_->brokenShared) {
       ErrorInfo info = impl_->brokenCopy->info();
       info.message = fmt::format("{} cannot start: the group is broken by an earlier failure: {}",
                                  op->description(), info.message);
-      op->work->finish(std::make_exception_ptr(Error(std::move(info))));
-      return;
+      work->finish(std::make_exception_ptr(Error(std::move(info))));
+      return work;
     }
     impl_->intake.push_back(std::move(op));
     impl_->loop.markPending();
   }
   impl_->loop.wakeSleepers();
+  return work;
+}
+
+uint64_t Engine::sequence() const {
+  std::lock_guard lock(impl_->intakeMutex);
+  return impl_->collectiveCount;
+}
+
+void Engine::setSequence(uint64_t value) {
+  std::lock_guard lock(impl_->intakeMutex);
+  impl_->collectiveCount = value;
 }
 
 void Engine::abort(const std::string& reason) {

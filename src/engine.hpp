@@ -153,7 +153,14 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  void submit(std::unique_ptr<Operation> op);
+  // Numbers the operation (collectives and point-to-point each in
+  // submission order), gives it its Work (abort breaks the group; wait()
+  // drives progress) and queues it, all under one lock.
+  std::shared_ptr<Work> submit(std::unique_ptr<Operation> op);
+  // The last collective sequence number given, and setting it (c10d's
+  // sequence number for the group: every rank takes rank 0's).
+  uint64_t sequence() const;
+  void setSequence(uint64_t value);
   // Breaks the group: every pending and future operation fails with reason,
   // and the peers are told.
   void abort(const std::string& reason);

@@ -81,8 +81,11 @@ struct Engine::Impl final : TransportSink, Steppable {
   std::optional<Error> broken;
 
   // Shared with other threads.
-  std::mutex intakeMutex;
+  mutable std::mutex intakeMutex;
   std::vector<std::unique_ptr<Operation>> intake;
+  uint64_t collectiveCount = 0;  // sequence numbers, under intakeMutex
+  uint64_t pointToPointCount = 0;
+  std::shared_ptr<const Work::ProgressDriver> workDriver;  // every Work's (Engine::driver)
   std::optional<std::string> abortRequest;
   bool brokenShared = false;
   std::optional<Error> brokenCopy;

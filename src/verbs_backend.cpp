@@ -175,7 +175,6 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .shmSingleCopy = s.config.getBool("RDMACC_SHM_SINGLE_COPY"),
           .keepalive = std::chrono::duration_cast<std::chrono::milliseconds>(
               s.config.getDuration("RDMACC_KEEPALIVE_INTERVAL"))});
-  s.driver = s.engine->driver();
 }
 
 VerbsBackend::~VerbsBackend() = default;
@@ -324,17 +323,15 @@ void VerbsBackend::monitoredBarrier(const BarrierOptions& opts, bool waitAllRank
 void VerbsBackend::setSequenceNumberForGroup() {
   Impl& s = *impl_;
   PrefixStore group("rdmacc/backend/" + s.group, s.store);
-  std::lock_guard lock(s.submitMutex);
   if (rank_ == 0) {
-    group.set("sequence", toBytes(std::to_string(s.sequence)));
+    group.set("sequence", toBytes(std::to_string(s.engine->sequence())));
   } else {
-    s.sequence = storeNumber(group.get("sequence"), UINT64_MAX, "sequence");
+    s.engine->setSequence(storeNumber(group.get("sequence"), UINT64_MAX, "sequence"));
   }
 }
 
 uint64_t VerbsBackend::getSequenceNumberForGroup() {
-  std::lock_guard lock(impl_->submitMutex);
-  return impl_->sequence;
+  return impl_->engine->sequence();
 }
 
 std::shared_ptr<VerbsBackend> initFromEnvironment(VerbsBackend::Options options) {

@@ -85,13 +85,9 @@ struct VerbsBackend::Impl {
   TuningTable tuning;
   algorithms::Hosts hosts;  // which ranks share a host: hierarchical algorithms
   std::string group;
-  std::vector<std::unique_ptr<Mesh>> rails;            // one mesh per NIC; empty: no RDMA peer
-  std::unique_ptr<RegistrationCache> registrations;    // after the meshes (the first's PD)
-  std::unique_ptr<Engine> engine;                      // after both: stopped first
-  std::shared_ptr<const Work::ProgressDriver> driver;  // the engine's, for every Work
-  std::mutex submitMutex;                              // sequence numbers follow submission order
-  uint64_t sequence = 0;
-  uint64_t pointToPointCount = 0;
+  std::vector<std::unique_ptr<Mesh>> rails;          // one mesh per NIC; empty: no RDMA peer
+  std::unique_ptr<RegistrationCache> registrations;  // after the meshes (the first's PD)
+  std::unique_ptr<Engine> engine;                    // after both: stopped first
   uint32_t monitoredBarriers = 0;
 
   // A schedule depends only on the collective's shape (and this rank and
@@ -307,23 +303,7 @@ struct VerbsBackend::Impl {
   }
 
   std::shared_ptr<Work> submit(std::unique_ptr<Operation> op) {
-    std::lock_guard lock(submitMutex);
-    if (op->pointToPoint) {
-      op->sequence = ++pointToPointCount;
-    } else {
-      op->sequence = ++sequence;
-    }
-    Engine* e = engine.get();
-    op->work = std::make_shared<Work>(
-        op->type, op->sequence,
-        [e](const Work& w) {
-          e->abort(fmt::format("{} #{} was aborted by the user", toString(w.opType()),
-                               w.sequenceNumber()));
-        },
-        driver);
-    auto work = op->work;
-    engine->submit(std::move(op));
-    return work;
+    return engine->submit(std::move(op));
   }
 
   std::unique_ptr<Operation> collective(OpType type, std::chrono::milliseconds timeout) {
