@@ -29,8 +29,9 @@ constexpr std::array kOptions = {
     "GID index; -1: automatic (RoCE v2, IPv4-mapped, matching the bound address)", -1, 65535},
   OptionSpec{"RDMACC_IB_MTU", Int, "0", "bytes",
     "cap on the path MTU (256, 512, 1024, 2048 or 4096); 0: min of both ports' active MTU", 0, 4096},
-  OptionSpec{"RDMACC_IB_TIMEOUT", Int, "14", "4.096us*2^n",
-    "QP local ACK timeout exponent (14 = 67 ms); raise it on lossy or congested fabrics", 1, 31},
+  OptionSpec{"RDMACC_IB_TIMEOUT", Int, "17", "4.096us*2^n",
+    "QP local ACK timeout exponent (17 = 537 ms; UCX waits ~1 s, NCCL 4 s); a soft-RoCE peer acknowledges from a CPU that may be busy for more than 67 ms (14): "
+    "shorter timeouts retransmit what arrived, and rxe mishandles such storms; lower it only for faster detection of dead links on hardware HCAs", 1, 31},
   OptionSpec{"RDMACC_IB_RETRY_CNT", Int, "7", "",
     "QP transport retry count before a send fails with IBV_WC_RETRY_EXC_ERR", 0, 7},
   OptionSpec{"RDMACC_IB_RNR_RETRY", Int, "7", "",

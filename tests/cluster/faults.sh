@@ -60,7 +60,7 @@ want store && victims+=(0)
 for victim in "${victims[@]}"; do
   s=$(sig cut$victim); mkdir -p "$s"
   what="host $victim's link"; ((victim == 0)) && what="host 0's link (rank 0, the store)"
-  echo "=== long cut: $what down for 15 s, retry budget 7 x 67 ms, op timeout 20 s"
+  echo "=== long cut: $what down for 15 s, retry budget 7 x 537 ms, op timeout 20 s"
   ids=$(start_job --timeout 300s -- env RDMACC_IB_RETRY_CNT=6 "$fault" fail "$s")
   if await_ready "$s"; then
     rxe-cluster link "$victim" down; sleep 15; rxe-cluster link "$victim" up
