@@ -1,5 +1,6 @@
 // The shared-memory transport's setup, without a second process: what is
-// left behind when a local peer never arrives.
+// left behind when a local peer never arrives, and single-copy writes to an
+// address that is not there.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
 #include "rdmacc/version.hpp"
+#include "src/cma.hpp"
 #include "src/handshake.hpp"
 #include "src/store_util.hpp"
 
@@ -52,6 +54,27 @@ TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
     EXPECT_NE(std::string(e.what()).find("rdmacc/shm/lonely"), std::string::npos) << e.what();
   }
   EXPECT_EQ(ourSegments(), before);
+}
+
+// Single-copy writes go where a peer's advert says; an address the peer does
+// not have (a hostile or stale advert) is refused by the kernel, reported,
+// and nothing is written: the transport then sends through the slot.
+TEST(SingleCopy, WritesWhereAskedAndRefusesAnAddressThatIsNotMapped) {
+  std::string why;
+  uint64_t target = 0;
+  const uint64_t value = 0x1122334455667788;
+  ASSERT_TRUE(
+      cma::write(::getpid(), &value, reinterpret_cast<uintptr_t>(&target), sizeof value, why))
+      << why;
+  EXPECT_EQ(target, value);
+  uint64_t back = 0;
+  ASSERT_TRUE(cma::read(::getpid(), reinterpret_cast<uintptr_t>(&target), &back, sizeof back, why))
+      << why;
+  EXPECT_EQ(back, value);
+  EXPECT_FALSE(cma::write(::getpid(), &value, 16, sizeof value, why));
+  EXPECT_NE(why.find("process_vm_writev"), std::string::npos) << why;
+  EXPECT_FALSE(cma::read(::getpid(), 16, &back, sizeof back, why));
+  EXPECT_NE(why.find("process_vm_readv"), std::string::npos) << why;
 }
 
 }  // namespace
