@@ -1,6 +1,7 @@
 #include "src/composite_transport.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -64,14 +65,12 @@ class CompositeTransport final : public Transport, private TransportSink {
   // A slot number names the carrier too: slot x K + k for the peer's k-th of
   // K carriers (K = 1: the child's own number).
   const uint8_t* payload(int peer, int slot) const override {
-    const auto& list = carriersOf(peer);
-    const int k = static_cast<int>(list.size());
-    return children_[list[static_cast<size_t>(slot % k)]]->payload(peer, slot / k);
+    auto [child, childSlot] = slotOf(peer, slot);
+    return child.payload(peer, childSlot);
   }
   void release(int peer, int slot) override {
-    const auto& list = carriersOf(peer);
-    const int k = static_cast<int>(list.size());
-    children_[list[static_cast<size_t>(slot % k)]]->release(peer, slot / k);
+    auto [child, childSlot] = slotOf(peer, slot);
+    child.release(peer, childSlot);
   }
   bool poll(TransportSink& sink) override {
     sink_ = &sink;
@@ -141,6 +140,12 @@ class CompositeTransport final : public Transport, private TransportSink {
     return list;
   }
   Transport& first(int peer) const { return *children_[carriersOf(peer)[0]]; }
+  // The child that holds one of our slot numbers, and its own number for it.
+  std::pair<Transport&, int> slotOf(int peer, int slot) const {
+    const auto& list = carriersOf(peer);
+    const int k = static_cast<int>(list.size());
+    return {*children_[list[static_cast<size_t>(slot % k)]], slot / k};
+  }
 
   // Arrivals of every child, numbered in the order this transport saw them,
   // their slots numbered as payload() and release() take them.

@@ -46,10 +46,16 @@ void ShmTransport::publish(Peer& p, Record r) {
 // A write the kernel refuses (the peer advertised memory it does not have,
 // or a security module changed its mind) sends that payload, and every
 // later one, through the slots.
+// Its pidfd is readable, or without one, kill(pid, 0) finds no process.
+bool ShmTransport::processExited(const Peer& p) {
+  if (!p.pidfd) return ::kill(p.pid, 0) != 0 && errno == ESRCH;
+  pollfd fd{p.pidfd.get(), POLLIN, 0};
+  return ::poll(&fd, 1, 0) > 0;
+}
+
 bool ShmTransport::writeDirect(int to, Peer& p, const uint8_t* data, const DirectTarget& target,
                                size_t bytes) {
-  pollfd exited{p.pidfd.get(), POLLIN, 0};
-  if (::poll(&exited, 1, 0) != 0) return false;
+  if (processExited(p)) return false;
   std::string why;
   if (cma::write(p.pid, data, target.addr, bytes, why)) {
     std::atomic_thread_fence(std::memory_order_seq_cst);  // the data before the record
@@ -151,13 +157,7 @@ std::vector<int> ShmTransport::takeDisconnected() {
   for (int rank = 0; rank < size_; ++rank) {
     Peer& p = peers_[idx(rank)];
     if (!p.carried || p.reported) continue;
-    bool exited = false;
-    if (p.pidfd) {
-      pollfd fd{p.pidfd.get(), POLLIN, 0};
-      exited = ::poll(&fd, 1, 0) > 0;
-    } else {
-      exited = ::kill(p.pid, 0) != 0 && errno == ESRCH;
-    }
+    const bool exited = processExited(p);
     if (exited || p.head->departed.load() != 0) {
       p.reported = true;
       p.how = exited ? Departure{p.pidfd ? "poll(pidfd)" : "kill(pid, 0)",

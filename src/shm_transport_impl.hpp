@@ -161,6 +161,7 @@ class ShmTransport final : public Transport {
   }
   bool flushCredits(int to);
   bool probeSingleCopy(int rank, const Peer& p) const;
+  static bool processExited(const Peer& p);
   bool writeDirect(int to, Peer& p, const uint8_t* data, const DirectTarget& target, size_t bytes);
 
   int rank_;
