@@ -62,6 +62,13 @@ class CompositeTransport final : public Transport, private TransportSink {
   void reserveCredits(size_t slots) override {
     for (auto& child : children_) child->reserveCredits(slots);
   }
+  std::string describePeer(int peer) const override {
+    std::string all;
+    for (uint8_t c : carriersOf(peer)) {
+      all += (all.empty() ? "" : "; ") + children_[c]->describePeer(peer);
+    }
+    return all;
+  }
   // A slot number names the carrier too: slot x K + k for the peer's k-th of
   // K carriers (K = 1: the child's own number).
   const uint8_t* payload(int peer, int slot) const override {

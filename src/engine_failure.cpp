@@ -123,6 +123,14 @@ void Engine::Impl::checkDeadlines(Clock::time_point now) {
   if (late == nullptr) return;
   auto waiting = awaited(*late, chunk);
   const Operation& op = *late->op;
+  // What this rank sees of each awaited peer: enough to tell a peer that
+  // sent nothing from a path that stalled (credits, queues) or a message
+  // that arrived but did not match.
+  for (int peer : waiting) {
+    log(LogLevel::Warn, "{}{} waits for rank {}: {}; {}", op.description(),
+        op.pointToPoint ? "" : fmt::format(" step {}", late->step), peer,
+        transport->describePeer(peer), matching.describePeer(peer));
+  }
   if (op.pointToPoint || waiting.empty()) {
     breakGroup(timedOut(op, waiting, {}));
     return;

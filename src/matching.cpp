@@ -150,4 +150,16 @@ void Matching::finished(uint32_t sequence) {
   }
 }
 
+std::string Matching::describePeer(int peer) const {
+  const Inbox& inbox = inbox_[static_cast<size_t>(peer)];
+  std::string what;
+  for (size_t i = 0; i < inbox.size() && i < 4; ++i) {
+    what += (i == 0 ? "" : "; ") + wire::describe(inbox[i].header);
+  }
+  if (inbox.size() > 4) what += "; ...";
+  return fmt::format("{} message(s) waiting{}{}{}, {} advert(s)", inbox.size(),
+                     what.empty() ? "" : " (", what, what.empty() ? "" : ")",
+                     adverts_[static_cast<size_t>(peer)].size());
+}
+
 }  // namespace rdmacc

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "rdmacc/work.hpp"
@@ -68,6 +69,10 @@ class Matching {
   // The collective `sequence` finished here: adverts for it and earlier ones
   // are of no use any more.
   void finished(uint32_t sequence);
+
+  // What waits from peer, for a diagnosis of a stall: "2 message(s) waiting
+  // (...), 1 advert(s)".
+  std::string describePeer(int peer) const;
 
  private:
   // Where a peer lets this rank write a receive of its directly.

@@ -220,8 +220,9 @@ void RdmaTransport::writesCompleted(PeerState& p, Lane& lane) {
         zc = SlotWrite{};
       }
     }
-    if (w.signaled) return;
+    if (w.signaled) break;
   }
+  ++lane.completions;
 }
 
 void RdmaTransport::onReceive(TransportSink& sink, int from, size_t laneIndex,
@@ -248,18 +249,46 @@ void RdmaTransport::onReceive(TransportSink& sink, int from, size_t laneIndex,
 
 void RdmaTransport::probe(int to) {
   PeerState& p = peer(to);
-  Lane& lane = p.lanes[0];
-  // A signaled write last in the queue has not completed yet: it tests the
-  // path already (a failing QP completes every outstanding request in error).
-  if (!lane.posted.empty() && lane.unsignaledRun == 0) return;
-  if (sendQueueFull(lane)) return;
-  verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(to), 1}),
-                        .remoteAddr = p.remoteBase,
-                        .rkey = p.rkey};
-  if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
-    throw verbs::verbsError("ibv_post_send", rc, fmt::format("probing rank {}", to));
+  for (size_t i = 0; i < p.lanes.size(); ++i) {
+    Lane& lane = p.lanes[i];
+    // Writes outstanding and not one completed since the previous probe (a
+    // keep-alive interval ago): the queue pair may be stalled in the device
+    // (soft-RoCE's requester has been seen to stop until the next post), or
+    // its packets are being retried. A zero-byte write behind them kicks a
+    // stalled requester and, on a dead path, fails when the retries are spent.
+    const bool stalled = !lane.posted.empty() && lane.completions == lane.completionsSeen;
+    lane.completionsSeen = lane.completions;
+    // Otherwise a signaled write last in the queue tests the path already (a
+    // failing QP completes every outstanding request in error); lanes other
+    // than the first are probed only when stalled.
+    if (!stalled && (i > 0 || (!lane.posted.empty() && lane.unsignaledRun == 0))) continue;
+    if (sendQueueFull(lane)) continue;
+    if (stalled) {
+      log(LogLevel::Debug,
+          "rank {} queue pair {}: {} write(s) outstanding, none completed in a keep-alive "
+          "interval; posting a probe behind them",
+          to, i, lane.sendQueueUsed());
+    }
+    verbs::WriteRequest w{
+        .wrId = pack(WrId{WrKind::Control, static_cast<uint8_t>(i), static_cast<uint16_t>(to), 1}),
+        .remoteAddr = p.remoteBase,
+        .rkey = p.rkey};
+    if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
+      throw verbs::verbsError("ibv_post_send", rc, fmt::format("probing rank {}", to));
+    }
+    posted(lane, -1, true);
   }
-  posted(lane, -1, true);
+}
+
+std::string RdmaTransport::describePeer(int to) const {
+  const PeerState& p = peer(to);
+  std::string lanes;
+  for (const Lane& lane : p.lanes) {
+    lanes += fmt::format(", queue {}/{} ({} unsignaled at the back)", lane.sendQueueUsed(),
+                         mesh_.qpParams().sendDepth, lane.unsignaledRun);
+  }
+  return fmt::format("RDMA: {}, {} staging slot(s) free{}", p.window.describe(),
+                     p.freeStaging.size(), lanes);
 }
 
 // ------------------------------------------------------------ shutdown --

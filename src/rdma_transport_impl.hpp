@@ -46,7 +46,9 @@ struct Lane {
     bool signaled = false;
   };
   Ring<Posted> posted;
-  int unsignaledRun = 0;  // unsignaled writes at the back of `posted`
+  int unsignaledRun = 0;         // unsignaled writes at the back of `posted`
+  uint64_t completions = 0;      // signaled completions so far
+  uint64_t completionsSeen = 0;  // ... at the previous keep-alive probe
   int sendQueueUsed() const { return static_cast<int>(posted.size()); }
 };
 
@@ -74,6 +76,7 @@ class RdmaTransport final : public Transport {
                const std::shared_ptr<ZeroCopyWrites>& owner,
                std::optional<DirectTarget> direct) override;
   void reserveCredits(size_t slots) override { creditReserve_ = slots; }
+  std::string describePeer(int peer) const override;
   const uint8_t* payload(int peer, int slot) const override {
     return recvRegion_.data() + slotOffset(peer, slot) + wire::kHeaderBytes;
   }
@@ -118,6 +121,7 @@ class RdmaTransport final : public Transport {
     return stagingRegion_.data() + slotOffset(peer, slot);
   }
   PeerState& peer(int rank) { return peers_[static_cast<size_t>(rank)]; }
+  const PeerState& peer(int rank) const { return peers_[static_cast<size_t>(rank)]; }
 
   void connect(Store& store, const std::string& group);
   int signalRun() const { return std::max(1, slotsPerPeer_ / 4); }

@@ -20,13 +20,19 @@
 namespace rdmacc {
 namespace shm {
 
+// The head the peer published is read only when the one seen last leaves
+// no room: its cache line stays with the peer while the ring has space.
 uint64_t ShmTransport::ringSpace(int to, Peer& p) const {
+  if (p.outTail - p.outHead < geometry_.ringEntries) {
+    return geometry_.ringEntries - (p.outTail - p.outHead);
+  }
   const uint64_t head = p.out->head.load(std::memory_order_acquire);
-  if (head > p.outTail || p.outTail - head > geometry_.ringEntries) {
+  if (head < p.outHead || head > p.outTail || p.outTail - head > geometry_.ringEntries) {
     throw protocolViolation(
         to, p.address,
         wire::Violation{fmt::format("a ring head of {} (its tail is {})", head, p.outTail)});
   }
+  p.outHead = head;
   return geometry_.ringEntries - (p.outTail - head);
 }
 
@@ -92,6 +98,14 @@ bool ShmTransport::trySend(int to, const Header& header, const uint8_t* data,
   return true;
 }
 
+std::string ShmTransport::describePeer(int to) const {
+  const Peer& p = peers_[idx(to)];
+  return fmt::format("shared memory: {}, ring {} of {} entries used by us, {} of {} by it",
+                     p.window.describe(), p.outTail - p.out->head.load(std::memory_order_relaxed),
+                     geometry_.ringEntries, p.in->tail.load(std::memory_order_relaxed) - p.inHead,
+                     geometry_.ringEntries);
+}
+
 void ShmTransport::release(int from, int slot) {
   if (peers_[idx(from)].window.release(slot)) flushCredits(from);
 }
@@ -129,9 +143,16 @@ bool ShmTransport::poll(TransportSink& sink) {
           from, p.address,
           wire::Violation{fmt::format("a ring tail of {} (the head is {})", tail, p.inHead)});
     }
+    if (p.inHead == tail) continue;
+    // The records are copied out before the head that frees them is
+    // published, once for the batch.
+    struct Publish {
+      Peer& p;
+      ~Publish() { p.in->head.store(p.inHead, std::memory_order_release); }
+    } publishHead{p};
     while (p.inHead < tail) {
       const Record r = p.inRecords[p.inHead % geometry_.ringEntries];
-      p.in->head.store(++p.inHead, std::memory_order_release);
+      ++p.inHead;
       any = true;
       Incoming in;
       bool message = false;

@@ -99,6 +99,7 @@ struct Peer {
   Record* outRecords = nullptr;
   uint8_t* outSlots = nullptr;
   uint64_t outTail = 0;
+  uint64_t outHead = 0;  // the peer's head as last read (it only grows)
   RingHead* in = nullptr;
   Record* inRecords = nullptr;
   uint8_t* inSlots = nullptr;
@@ -126,6 +127,7 @@ class ShmTransport final : public Transport {
                const std::shared_ptr<ZeroCopyWrites>& zeroCopy,
                std::optional<DirectTarget> direct) override;
   void reserveCredits(size_t slots) override { creditReserve_ = slots; }
+  std::string describePeer(int peer) const override;
   const uint8_t* payload(int peer, int slot) const override {
     return peers_[idx(peer)].inSlots + static_cast<size_t>(slot) * geometry_.slotBytes +
            kHeaderBytes;

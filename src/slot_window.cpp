@@ -87,4 +87,9 @@ bool SlotWindow::release(int slot) {
   return pendingCredits_.size() * 2 >= static_cast<size_t>(slots_);
 }
 
+std::string SlotWindow::describe() const {
+  return fmt::format("credits {}/{}, {} owed back, {} held", freeRemote_.size(), slots_,
+                     pendingCredits_.size(), unreleased_);
+}
+
 }  // namespace rdmacc

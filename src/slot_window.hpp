@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "src/ring.hpp"
@@ -52,6 +53,9 @@ class SlotWindow {
   // The message in `slot` was consumed; true when half the window waits for
   // its credit: it should go now.
   bool release(int slot);
+
+  // "credits 3/8, 1 owed back, 2 held": for a diagnosis of a stall.
+  std::string describe() const;
 
  private:
   void credited(int slot) {

@@ -142,6 +142,10 @@ class Transport {
   // IBV_WC_RETRY_EXC_ERR once the retry budget is spent on a dead link or
   // host. Shared memory: nothing (a dead process shows otherwise).
   virtual void probe(int peer) { (void)peer; }
+
+  // The state of the path to `peer` (credits, queues), for a diagnosis when
+  // an operation waiting for it times out.
+  virtual std::string describePeer(int peer) const = 0;
 };
 
 }  // namespace rdmacc
