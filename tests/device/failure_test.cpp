@@ -2,9 +2,13 @@
 // with the culprit named, and nothing hangs. Run under `rdmacc-run -n 3`.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,9 +16,11 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "rdmacc/backend.hpp"
 #include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
 
 namespace rdmacc {
 namespace {
@@ -171,13 +177,32 @@ TEST(Failure, TimeoutNamesTheOpAndTheAwaitedRank) {
   // first; the others learn from its abort message, which names rank 1.
   const bool neighbour = rank == (absent + 1) % size;
   const auto timeout = neighbour ? 3s : 6s;
+  // The rank that times out logs what it sees of the path to the awaited
+  // rank (troubleshooting.md): nothing arrived from it, its credits.
+  std::mutex linesMutex;
+  std::vector<std::string> lines;
+  setLogSink([&](LogLevel, std::string_view line) {
+    std::lock_guard lock(linesMutex);
+    lines.emplace_back(line);
+  });
   auto [error, took] = outcome(
       backend->allreduce(t, AllreduceOptions{.timeout = timeout, .algorithm = Algorithm::Ring}),
       start);
+  setLogSink(nullptr);
   EXPECT_NE(error.find("allreduce #2"), std::string::npos) << error;
   EXPECT_NE(error.find("timed out after 3000 ms, still waiting for rank(s) 1"), std::string::npos)
       << error;
   EXPECT_LT(took, timeout + 5s) << error;
+  if (neighbour) {
+    std::lock_guard lock(linesMutex);
+    const auto diagnosis = std::find_if(lines.begin(), lines.end(), [](const std::string& l) {
+      return l.find("allreduce #2 (") != std::string::npos &&
+             l.find("step 0 waits for rank 1: ") != std::string::npos;
+    });
+    ASSERT_NE(diagnosis, lines.end()) << fmt::format("{}", fmt::join(lines, "\n"));
+    EXPECT_NE(diagnosis->find("credits "), std::string::npos) << *diagnosis;
+    EXPECT_NE(diagnosis->find("0 message(s) waiting"), std::string::npos) << *diagnosis;
+  }
 }
 
 // A stopped rank (SIGSTOP: the whole process frozen, its engine thread too,
