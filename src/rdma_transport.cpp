@@ -252,10 +252,12 @@ void RdmaTransport::probe(int to) {
   for (size_t i = 0; i < p.lanes.size(); ++i) {
     Lane& lane = p.lanes[i];
     // Writes outstanding and not one completed since the previous probe (a
-    // keep-alive interval ago): the queue pair may be stalled in the device
-    // (soft-RoCE's requester has been seen to stop until the next post), or
-    // its packets are being retried. A zero-byte write behind them kicks a
-    // stalled requester and, on a dead path, fails when the retries are spent.
+    // keep-alive interval ago): their packets are being retried, or the queue
+    // pair stalled in the device. A zero-byte write behind them fails on a
+    // dead path when the retries are spent, and its post runs the requester
+    // again (soft-RoCE sends from the posting thread), which would restart
+    // one that stopped. Suspected, not seen: a collective hung once in CI
+    // with every queue pair of one rank silent.
     const bool stalled = !lane.posted.empty() && lane.completions == lane.completionsSeen;
     lane.completionsSeen = lane.completions;
     // Otherwise a signaled write last in the queue tests the path already (a

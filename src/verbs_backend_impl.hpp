@@ -177,13 +177,17 @@ struct VerbsBackend::Impl {
       if (auto tuned = tuning.lookup(collective, size, bytes)) algo = *tuned;
     }
     if (algo == Algorithm::Auto) algo = automatic(collective, bytes);
-    const auto allowed = algorithmsOf(collective);
-    if (std::find(allowed.begin(), allowed.end(), algo) == allowed.end()) {
-      std::string names;
-      for (Algorithm a : allowed)
-        names += fmt::format("{}{}", names.empty() ? "" : ", ", toString(a));
-      invalid(fmt::format("{} has no {} algorithm", collective, toString(algo)),
-              fmt::format("use auto, {}", names));
+    // RDMACC_ALGO_* and the tuning table were checked against the collective
+    // when read, automatic() picks only its own: the call's is checked here.
+    if (requested != Algorithm::Auto) {
+      const auto allowed = algorithmsOf(collective);
+      if (std::find(allowed.begin(), allowed.end(), algo) == allowed.end()) {
+        std::string names;
+        for (Algorithm a : allowed)
+          names += fmt::format("{}{}", names.empty() ? "" : ", ", toString(a));
+        invalid(fmt::format("{} has no {} algorithm", collective, toString(algo)),
+                fmt::format("use auto, {}", names));
+      }
     }
     if (algo == Algorithm::RecursiveDoubling && !algorithms::isPowerOfTwo(size)) {
       invalid(fmt::format("recursive doubling needs a power-of-two group, not {} ranks", size),

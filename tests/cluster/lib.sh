@@ -26,8 +26,21 @@ run_job() {
   rxe-cluster wait $ids
 }
 fails=0
+# device_state: per host, the soft-RoCE devices' non-zero counters (retries,
+# duplicates, drops) and the kernel's last rxe lines: what a failed step
+# leaves for the diagnosis.
+device_state() {
+  local h
+  for ((h = 0; h < BED_HOSTS; h++)); do
+    rxe-cluster exec "$h" -- sh -c 'for d in /sys/class/infiniband/*; do
+        printf "%s %s:" "$(hostname)" "${d##*/}"
+        for c in "$d"/ports/1/hw_counters/*; do v=$(cat "$c"); [ "$v" != 0 ] && printf " %s=%s" "${c##*/}" "$v"; done
+        echo; done
+      dmesg | grep -i rxe | tail -n 5 | sed "s/^/$(hostname) dmesg: /"' || true
+  done
+}
 check() {  # check NAME STATUS: report a step
-  if [[ $2 == 0 ]]; then echo "=== PASS $1"; else echo "=== FAIL $1 (status $2)"; fails=$((fails + 1)); fi
+  if [[ $2 == 0 ]]; then echo "=== PASS $1"; else echo "=== FAIL $1 (status $2)"; fails=$((fails + 1)); device_state; fi
 }
 finish() {
   if ((fails)); then echo "=== $fails step(s) failed"; exit 1; fi

@@ -232,6 +232,19 @@ TEST(Collectives, InvalidCallsThrowOnEveryRankBeforeAnyDataMoves) {
   expectInvalid([&] { gBackend->broadcast(tf, BroadcastOptions{.rootRank = N}); },
                 fmt::format("root rank {} is not in [0, {})", N, N));
   expectInvalid([&] { gBackend->reduce(tf, ReduceOptions{.rootRank = -1}); }, "root rank -1");
+  // A call's algorithm must be one of its collective's (RDMACC_ALGO_* and
+  // the tuning table are checked when read).
+  expectInvalid([&] { gBackend->allreduce(tf, AllreduceOptions{.algorithm = Algorithm::Linear}); },
+                "allreduce has no linear algorithm");
+  expectInvalid([&] { gBackend->reduce(tf, ReduceOptions{.algorithm = Algorithm::Ring}); },
+                "reduce has no ring algorithm");
+  if (N > 1 && (N & (N - 1)) != 0) {
+    expectInvalid(
+        [&] {
+          gBackend->allreduce(tf, AllreduceOptions{.algorithm = Algorithm::RecursiveDoubling});
+        },
+        "recursive doubling needs a power-of-two group");
+  }
   expectInvalid([&] { gBackend->send(tf, R, 0); }, "is not another rank");
   expectInvalid([&] { gBackend->recv(tf, 0, -3); }, N > 1 && R != 0 ? "tag -3 is negative" : "");
   Tensor out = f.tensor(), in = f.tensor();
