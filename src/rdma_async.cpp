@@ -1,4 +1,7 @@
 // RdmaTransport: the device's asynchronous events (ibv_get_async_event).
+#include <algorithm>
+#include <chrono>
+
 #include <fmt/format.h>
 
 #include "rdmacc/log.hpp"
@@ -10,6 +13,7 @@ namespace rdma {
 
 void RdmaTransport::takeAsyncEvents() {
   pollsSinceAsync_ = 0;
+  checkStalls();
   const Endpoint& where = mesh_.endpoint();
   for (const verbs::AsyncEvent& e : verbs::takeAsyncEvents(mesh_.context())) {
     switch (e.type) {
@@ -70,6 +74,53 @@ void RdmaTransport::takeAsyncEvents() {
       default:
         log(LogLevel::Debug, "asynchronous event {} on {} (port {})", e.name, where.device, e.port);
         break;
+    }
+  }
+}
+
+// Seen with soft-RoCE on Debian 12's kernel (6.1) after retransmissions on an
+// overloaded host: both queue pairs of a connection keep their writes
+// forever, with no completion and no retry error (probes posted behind them
+// do not move them either). A connection that works completes a write or
+// fails it within the retry budget (ACK timeout x (retry count + 1)); twice
+// that without either is a stall.
+void RdmaTransport::checkStalls() {
+  using Clock = std::chrono::steady_clock;
+  const verbs::QpParams& qp = mesh_.qpParams();
+  const double budget =
+      4.096e-6 * static_cast<double>(uint64_t{1} << qp.ackTimeout) * (qp.retryCount + 1);
+  const auto limit =
+      std::max(std::chrono::duration<double>(2 * budget), std::chrono::duration<double>(5.0));
+  const auto now = Clock::now();
+  for (int rank = 0; rank < size_; ++rank) {
+    if (rank == rank_) continue;
+    PeerState& p = peer(rank);
+    for (size_t i = 0; i < p.lanes.size(); ++i) {
+      Lane& lane = p.lanes[i];
+      if (lane.posted.empty() || lane.completions != lane.completionsAtMark ||
+          lane.mark == Clock::time_point{}) {
+        lane.completionsAtMark = lane.completions;
+        lane.mark = now;
+        continue;
+      }
+      if (lane.stallReported || now - lane.mark < limit) continue;
+      lane.stallReported = true;
+      const double stalled = std::chrono::duration<double>(now - lane.mark).count();
+      asyncFailures_.emplace_back(
+          rank,
+          Error(ErrorInfo{
+              .kind = ErrorKind::PeerFailure,
+              .message = fmt::format(
+                  "the connection to rank {} stalled: {} write(s) on queue pair {} completed "
+                  "neither with success nor with an error in {:.1f} s (the retry budget is "
+                  "{:.1f} s) on {} port {}",
+                  rank, lane.sendQueueUsed(), i, stalled, budget, mesh_.endpoint().device,
+                  mesh_.endpoint().port),
+              .peerRank = rank,
+              .peerAddress = mesh_.peerAddress(rank),
+              .hint = "the device lost the connection's state; seen with soft-RoCE (rdma_rxe) "
+                      "after retransmissions on an overloaded host: a newer kernel, fewer ranks "
+                      "per CPU or a larger RDMACC_IB_TIMEOUT (fewer retransmissions) avoid it"}));
     }
   }
 }

@@ -254,10 +254,8 @@ void RdmaTransport::probe(int to) {
     // Writes outstanding and not one completed since the previous probe (a
     // keep-alive interval ago): their packets are being retried, or the queue
     // pair stalled in the device. A zero-byte write behind them fails on a
-    // dead path when the retries are spent, and its post runs the requester
-    // again (soft-RoCE sends from the posting thread), which would restart
-    // one that stopped. Suspected, not seen: a collective hung once in CI
-    // with every queue pair of one rank silent.
+    // dead path when the retries are spent; a stalled one it does not move
+    // (seen with soft-RoCE: checkStalls() ends that).
     const bool stalled = !lane.posted.empty() && lane.completions == lane.completionsSeen;
     lane.completionsSeen = lane.completions;
     // Otherwise a signaled write last in the queue tests the path already (a

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,6 +50,11 @@ struct Lane {
   int unsignaledRun = 0;         // unsignaled writes at the back of `posted`
   uint64_t completions = 0;      // signaled completions so far
   uint64_t completionsSeen = 0;  // ... at the previous keep-alive probe
+  // Stall watch (checkStalls): completions when last looked at, and since
+  // when writes have been outstanding without one completing.
+  uint64_t completionsAtMark = 0;
+  std::chrono::steady_clock::time_point mark{};
+  bool stallReported = false;
   int sendQueueUsed() const { return static_cast<int>(posted.size()); }
 };
 
@@ -143,6 +149,10 @@ class RdmaTransport final : public Transport {
   // port down/up is logged (transfers retry meanwhile). Read after a sleep
   // and every kAsyncPollEvery polls, so spinning costs no system call.
   void takeAsyncEvents();
+  // A lane whose writes completed none for twice the retry budget, without
+  // an error, was stalled by the device: fails the peer (with the async
+  // failures), instead of leaving it to the operation's timeout.
+  void checkStalls();
   void deliverAsyncFailures(TransportSink& sink);
   static constexpr uint32_t kAsyncPollEvery = 4096;
   uint32_t pollsSinceAsync_ = 0;
