@@ -97,8 +97,10 @@ void RdmaTransport::checkStalls() {
     PeerState& p = peer(rank);
     for (size_t i = 0; i < p.lanes.size(); ++i) {
       Lane& lane = p.lanes[i];
-      if (lane.posted.empty() || lane.completions != lane.completionsAtMark ||
-          lane.mark == Clock::time_point{}) {
+      // Only a signaled write owes a completion (unsignaled ones at the back
+      // complete silently, e.g. the last ones to a peer that left since).
+      const bool owed = lane.posted.size() > static_cast<size_t>(lane.unsignaledRun);
+      if (!owed || lane.completions != lane.completionsAtMark || lane.mark == Clock::time_point{}) {
         lane.completionsAtMark = lane.completions;
         lane.mark = now;
         continue;
