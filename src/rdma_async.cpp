@@ -92,6 +92,11 @@ void RdmaTransport::checkStalls() {
   const auto limit =
       std::max(std::chrono::duration<double>(2 * budget), std::chrono::duration<double>(5.0));
   const auto now = Clock::now();
+  // Time only counts while this rank looks: after a gap (the process was
+  // stopped, or nothing polled) a completion may be waiting unread in the
+  // completion queue, so every watch starts again.
+  const bool gap = now - lastStallCheck_ > std::chrono::seconds(1);
+  lastStallCheck_ = now;
   for (int rank = 0; rank < size_; ++rank) {
     if (rank == rank_) continue;
     PeerState& p = peer(rank);
@@ -100,7 +105,8 @@ void RdmaTransport::checkStalls() {
       // Only a signaled write owes a completion (unsignaled ones at the back
       // complete silently, e.g. the last ones to a peer that left since).
       const bool owed = lane.posted.size() > static_cast<size_t>(lane.unsignaledRun);
-      if (!owed || lane.completions != lane.completionsAtMark || lane.mark == Clock::time_point{}) {
+      if (gap || !owed || lane.completions != lane.completionsAtMark ||
+          lane.mark == Clock::time_point{}) {
         lane.completionsAtMark = lane.completions;
         lane.mark = now;
         continue;

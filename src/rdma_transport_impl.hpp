@@ -153,6 +153,7 @@ class RdmaTransport final : public Transport {
   // an error, was stalled by the device: fails the peer (with the async
   // failures), instead of leaving it to the operation's timeout.
   void checkStalls();
+  std::chrono::steady_clock::time_point lastStallCheck_{};
   void deliverAsyncFailures(TransportSink& sink);
   static constexpr uint32_t kAsyncPollEvery = 4096;
   uint32_t pollsSinceAsync_ = 0;
