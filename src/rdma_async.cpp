@@ -86,11 +86,6 @@ void RdmaTransport::takeAsyncEvents() {
 // that without either is a stall.
 void RdmaTransport::checkStalls() {
   using Clock = std::chrono::steady_clock;
-  const verbs::QpParams& qp = mesh_.qpParams();
-  const double budget =
-      4.096e-6 * static_cast<double>(uint64_t{1} << qp.ackTimeout) * (qp.retryCount + 1);
-  const auto limit =
-      std::max(std::chrono::duration<double>(2 * budget), std::chrono::duration<double>(5.0));
   const auto now = Clock::now();
   // Time only counts while this rank looks: after a gap (the process was
   // stopped, or nothing polled) a completion may be waiting unread in the
@@ -111,7 +106,7 @@ void RdmaTransport::checkStalls() {
         lane.mark = now;
         continue;
       }
-      if (lane.stallReported || now - lane.mark < limit) continue;
+      if (lane.stallReported || now - lane.mark < stallLimit_) continue;
       lane.stallReported = true;
       const double stalled = std::chrono::duration<double>(now - lane.mark).count();
       asyncFailures_.emplace_back(
@@ -122,7 +117,7 @@ void RdmaTransport::checkStalls() {
                   "the connection to rank {} stalled: {} write(s) on queue pair {} completed "
                   "neither with success nor with an error in {:.1f} s (the retry budget is "
                   "{:.1f} s) on {} port {}",
-                  rank, lane.sendQueueUsed(), i, stalled, budget, mesh_.endpoint().device,
+                  rank, lane.sendQueueUsed(), i, stalled, retryBudget_, mesh_.endpoint().device,
                   mesh_.endpoint().port),
               .peerRank = rank,
               .peerAddress = mesh_.peerAddress(rank),

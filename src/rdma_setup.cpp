@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include <fmt/format.h>
@@ -48,6 +49,10 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const EngineOptions& opti
         "raise RDMACC_QP_SEND_DEPTH/RDMACC_QP_RECV_DEPTH or lower RDMACC_SLOTS_PER_PEER");
   }
   chunk_ = slotBytes_ - kHeaderBytes;
+  const verbs::QpParams& qp = mesh.qpParams();
+  retryBudget_ = 4.096e-6 * static_cast<double>(uint64_t{1} << qp.ackTimeout) * (qp.retryCount + 1);
+  stallLimit_ =
+      std::max(std::chrono::duration<double>(2 * retryBudget_), std::chrono::duration<double>(5.0));
   // A group of one has no peers; its regions are a token slot.
   size_t region =
       size_ == 1 ? slotBytes_

@@ -154,6 +154,10 @@ class RdmaTransport final : public Transport {
   // failures), instead of leaving it to the operation's timeout.
   void checkStalls();
   std::chrono::steady_clock::time_point lastStallCheck_{};
+  // Fixed by the queue pairs' parameters (set in the constructor): ACK
+  // timeout x (retry count + 1), and the stall limit, twice that, at least 5 s.
+  double retryBudget_ = 0;
+  std::chrono::duration<double> stallLimit_{};
   void deliverAsyncFailures(TransportSink& sink);
   static constexpr uint32_t kAsyncPollEvery = 4096;
   uint32_t pollsSinceAsync_ = 0;

@@ -1,13 +1,20 @@
-// The shared-memory transport's setup, without a second process: what is
-// left behind when a local peer never arrives, and single-copy writes to an
-// address that is not there.
+// The shared-memory transport without a second process: what is left behind
+// when a local peer never arrives, single-copy writes to an address that is
+// not there, and a peer that corrupts the ring it writes (two ranks as two
+// threads of this process).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -17,6 +24,7 @@
 #include "rdmacc/version.hpp"
 #include "src/cma.hpp"
 #include "src/handshake.hpp"
+#include "src/shm_transport_impl.hpp"
 #include "src/store_util.hpp"
 
 namespace rdmacc {
@@ -75,6 +83,80 @@ TEST(SingleCopy, WritesWhereAskedAndRefusesAnAddressThatIsNotMapped) {
   EXPECT_NE(why.find("process_vm_writev"), std::string::npos) << why;
   EXPECT_FALSE(cma::read(::getpid(), 16, &back, sizeof back, why));
   EXPECT_NE(why.find("process_vm_readv"), std::string::npos) << why;
+}
+
+// Where this process mapped the shared-memory segment `name` ("/rdmacc-..."),
+// from /proc/self/maps (it is unlinked once every peer mapped it).
+uint8_t* mappedSegment(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/dev/shm" + name) == std::string::npos) continue;
+    return reinterpret_cast<uint8_t*>(std::stoull(line.substr(0, line.find('-')), nullptr, 16));
+  }
+  return nullptr;
+}
+
+// Rank 1 "writes" a tail into its lane of rank 0's segment that runs further
+// ahead than the ring has entries (a corrupt or hostile peer): rank 0 refuses
+// it before reading a record, fails its operation with an error that names
+// rank 1 and the tail it published, and rank 1 learns of the failure too;
+// nothing hangs.
+TEST(ShmTransport, ACorruptRingTailFailsTheGroupNamingThePeer) {
+  auto store = std::make_shared<HashStore>(10s);
+  std::vector<std::unique_ptr<VerbsBackend>> ranks(2);
+  {
+    std::vector<std::jthread> forming;
+    for (int r = 0; r < 2; ++r) {
+      forming.emplace_back([&, r] {
+        ranks[static_cast<size_t>(r)] = std::make_unique<VerbsBackend>(
+            store, r, 2,
+            VerbsBackend::Options{.groupName = "corrupt",
+                                  .config = {{"RDMACC_TRANSPORT", "shm"},
+                                             {"RDMACC_HOST_ID", "same-host"},
+                                             {"RDMACC_TIMEOUT", "20s"}}});
+      });
+    }
+  }
+  ASSERT_TRUE(ranks[0] && ranks[1]);
+  auto allreduceOnBoth = [&](std::vector<std::string>& errors) {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        float value = 1;
+        std::vector<Tensor> t{Tensor{&value, 1, DataType::Float32}};
+        try {
+          ranks[static_cast<size_t>(r)]->allreduce(t)->wait();
+          EXPECT_EQ(value, 2.0f);
+        } catch (const Error& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    }
+  };
+  std::vector<std::string> errors(2);
+  allreduceOnBoth(errors);  // the group works
+  ASSERT_EQ(errors, std::vector<std::string>(2)) << errors[0] << " / " << errors[1];
+
+  const std::string text = toString(store->get("rdmacc/shm/corrupt/0"));
+  uint8_t* segment = mappedSegment(text.substr(0, text.find(':')));
+  ASSERT_NE(segment, nullptr) << "rank 0's segment " << text << " is not in /proc/self/maps";
+  const auto* head = reinterpret_cast<const shm::SegmentHead*>(segment);
+  ASSERT_EQ(head->magic, shm::kMagic);
+  const shm::Geometry geometry{.lanes = head->lanes,
+                               .slots = head->slots,
+                               .ringEntries = head->ringEntries,
+                               .slotBytes = head->slotBytes};
+  // Rank 0's only local peer is rank 1: lane 0 of its segment is rank 1's.
+  auto* ring = reinterpret_cast<shm::RingHead*>(segment + geometry.laneOffset(0));
+  const uint64_t bogus = ring->tail.load() + geometry.ringEntries + 7;
+  ring->tail.store(bogus);
+
+  const auto start = std::chrono::steady_clock::now();
+  allreduceOnBoth(errors);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  EXPECT_NE(errors[0].find(fmt::format("rank 1 sent a ring tail of {}", bogus)), std::string::npos)
+      << errors[0];
+  EXPECT_FALSE(errors[1].empty()) << "rank 1 did not learn of the failure";
 }
 
 }  // namespace
