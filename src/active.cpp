@@ -58,19 +58,10 @@ void computeFootprint(Active& a, size_t chunk) {
              op.type == OpType::Barrier;
   a.footprint = {};
   a.latencyBound = true;
-  for (const Step& s : op.steps()) {
-    for (const SendSpec& send : s.sends) {
-      a.latencyBound &= send.range.bytes <= chunk;
-      a.footprint[send.fromRecv ? 1 : 0].cover(send.fromRecv ? op.recvBase : op.sendBase,
-                                               send.range.offset, send.range.bytes);
-    }
-    for (const RecvSpec& recv : s.recvs) {
-      a.footprint[1].cover(op.recvBase, recv.range.offset, recv.range.bytes);
-      if (recv.combine == Combine::ReduceWithSend) {
-        a.footprint[0].cover(op.sendBase, recv.range.offset, recv.range.bytes);
-      }
-    }
-    for (const Range& r : s.finalize) a.footprint[1].cover(op.recvBase, r.offset, r.bytes);
+  if (const Plan* plan = op.schedule.get()) {  // its extents, worked out once per plan
+    a.latencyBound = plan->largestSend <= chunk;
+    a.footprint[0].cover(op.sendBase, plan->sendExtent.offset, plan->sendExtent.bytes);
+    a.footprint[1].cover(op.recvBase, plan->recvExtent.offset, plan->recvExtent.bytes);
   }
   a.footprint[1].cover(op.copyIn.to, 0, op.copyIn.bytes);
   a.footprint[2].cover(op.copyIn.from, 0, op.copyIn.bytes);

@@ -11,17 +11,18 @@ std::shared_ptr<Work> VerbsBackend::broadcast(std::vector<Tensor>& tensors,
   Tensor& t = single(tensors, "broadcast");
   int root = checkRoot(opts.rootRank, size_, "broadcast");
   if (opts.rootTensor != 0) invalid("broadcast: rootTensor must be 0 (one tensor per rank)");
-  Algorithm algo = s.choose(opts.algorithm, "broadcast", t.bytes());
   auto op = s.collective(OpType::Broadcast, opts.timeout);
-  op->schedule = s.scheduleFor(
-      Impl::Shape{.type = OpType::Broadcast, .algorithm = algo, .root = root, .bytes = t.bytes()},
-      [&] {
+  op->schedule = s.planFor(
+      Impl::Shape{
+          .type = OpType::Broadcast, .algorithm = opts.algorithm, .root = root, .bytes = t.bytes()},
+      "broadcast", [&](Algorithm algo) {
         return algo == Algorithm::Ring ? algorithms::chainBroadcast(rank_, size_, root, t.bytes())
                : algo == Algorithm::Tree
                    ? algorithms::treeBroadcast(rank_, size_, root, t.bytes())
                    : algorithms::hierarchicalBroadcast(rank_, s.hosts, root, t.bytes(),
                                                        t.bytes() > s.treeMaxBytes);
       });
+  const Algorithm algo = op->schedule->algorithm;
   op->sendBase = op->recvBase = bytesOf(t);
   op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(root),
                               static_cast<uint64_t>(t.dtype), static_cast<uint64_t>(algo));
@@ -90,11 +91,11 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
   int root = checkRoot(opts.rootRank, size_, "reduce");
   if (opts.rootTensor != 0) invalid("reduce: rootTensor must be 0 (one tensor per rank)");
   checkReduce(opts.reduceOp, t.dtype, opts.preMulFactor, "reduce");
-  const Algorithm algo = s.choose(opts.algorithm, "reduce", t.bytes());
   auto op = s.collective(OpType::Reduce, opts.timeout);
-  op->schedule = s.scheduleFor(
-      Impl::Shape{.type = OpType::Reduce, .algorithm = algo, .root = root, .bytes = t.bytes()},
-      [&] {
+  op->schedule = s.planFor(
+      Impl::Shape{
+          .type = OpType::Reduce, .algorithm = opts.algorithm, .root = root, .bytes = t.bytes()},
+      "reduce", [&](Algorithm algo) {
         return algo == Algorithm::Tree
                    ? algorithms::treeReduce(rank_, size_, root, t.bytes())
                    : algorithms::hierarchicalReduce(rank_, s.hosts, root, t.bytes(),
@@ -124,7 +125,7 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
   op->checkValue = checkValue(t.bytes(), static_cast<uint64_t>(reduceOp),
                               static_cast<uint64_t>(dtype), static_cast<uint64_t>(root));
   op->describe("{} x {}, {}, root {}, {}", t.numel, toString(dtype), toString(reduceOp), root,
-               toString(algo));
+               toString(op->schedule->algorithm));
   return s.submit(std::move(op));
 }
 
@@ -141,10 +142,10 @@ std::shared_ptr<Work> VerbsBackend::_allgather_base(Tensor& output, Tensor& inpu
   }
   auto op = s.collective(OpType::AllgatherBase, opts.timeout);
   // Every block is the input's size: block r at r x input bytes.
-  op->schedule = s.scheduleFor(
+  op->schedule = s.planFor(
       Impl::Shape{
           .type = OpType::AllgatherBase, .algorithm = opts.algorithm, .bytes = input.bytes()},
-      [&] {
+      "", [&](Algorithm) {
         return s.allgatherSchedule(opts.algorithm, uniformBlocks(input.bytes(), size_),
                                    output.bytes());
       });
@@ -193,7 +194,7 @@ std::shared_ptr<Work> VerbsBackend::gather(std::vector<std::vector<Tensor>>& out
   auto op = s.collective(OpType::Gather, opts.timeout);
   size_t bytes = in.bytes();
   std::vector<Range> blocks = uniformBlocks(bytes, size_);
-  op->schedule = std::make_shared<const Schedule>(
+  op->schedule = std::make_shared<const Plan>(
       algorithms::linearGather(rank_, size_, root, Range{0, bytes}, blocks));
   op->sendBase = bytesOf(in);
   if (rank_ == root) {
@@ -232,7 +233,7 @@ std::shared_ptr<Work> VerbsBackend::scatter(std::vector<Tensor>& outputs,
   auto op = s.collective(OpType::Scatter, opts.timeout);
   size_t bytes = out.bytes();
   std::vector<Range> blocks = uniformBlocks(bytes, size_);
-  op->schedule = std::make_shared<const Schedule>(
+  op->schedule = std::make_shared<const Plan>(
       algorithms::linearScatter(rank_, size_, root, blocks, Range{0, bytes}));
   op->recvBase = bytesOf(out);
   if (rank_ == root) {
@@ -340,7 +341,7 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
   auto sendBlocks = blocksOf(inCounts, es);
   auto recvBlocks = blocksOf(outCounts, es);
   op->schedule =
-      std::make_shared<const Schedule>(s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks));
+      std::make_shared<const Plan>(s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks));
   uint8_t* src = bytesOf(input);
   if (input.data == output.data && input.bytes() > 0) {  // in place: send from a copy
     op->scratch.assign(src, src + input.bytes());
@@ -393,7 +394,7 @@ std::shared_ptr<Work> VerbsBackend::alltoall(std::vector<Tensor>& outputs,
   uint8_t* in = op->scratch.data();
   uint8_t* out = in + inTotal;
   op->schedule =
-      std::make_shared<const Schedule>(s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks));
+      std::make_shared<const Plan>(s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks));
   op->sendBase = in;
   op->recvBase = out;
   std::vector<Tensor> ins = inputs, outs = outputs;

@@ -73,12 +73,12 @@ struct Operation {
   }
   std::string description() const;
 
-  // Collectives. Schedules are immutable and shared between operations of
-  // the same shape (VerbsBackend keeps the recent ones).
-  std::shared_ptr<const Schedule> schedule;
+  // Collectives. Plans are immutable and shared between operations of the
+  // same shape (VerbsBackend keeps the recent ones).
+  std::shared_ptr<const Plan> schedule;
   const Schedule& steps() const {
     static const Schedule none;
-    return schedule ? *schedule : none;
+    return schedule ? schedule->steps : none;
   }
   uint8_t* sendBase = nullptr;
   uint8_t* recvBase = nullptr;

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "rdmacc/options.hpp"
+
 namespace rdmacc {
 
 struct Range {
@@ -58,6 +60,24 @@ struct Step {
 };
 
 using Schedule = std::vector<Step>;
+
+// A schedule as operations carry it: its steps, the algorithm chosen for it,
+// and what the engine asks of it before running it (the memory it touches,
+// whether its messages fit one slot), worked out once when it is built
+// instead of for every operation (plans are cached and shared by the
+// operations that repeat them, as a training loop does).
+struct Plan {
+  explicit Plan(Schedule s, Algorithm a = Algorithm::Auto);
+  Schedule steps;
+  Algorithm algorithm;
+  // The bytes its steps touch, as one interval each (bytes 0: none):
+  // relative to the send buffer (sends from it, and the input side of
+  // ReduceWithSend receives) and to the receive buffer (forwarding sends,
+  // receives, finalize ranges).
+  Range sendExtent;
+  Range recvExtent;
+  size_t largestSend = 0;  // bytes of its largest send
+};
 
 // count elements split into `parts` contiguous blocks whose sizes differ by at
 // most one element (the first count % parts blocks are one larger); in bytes.

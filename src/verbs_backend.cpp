@@ -193,13 +193,14 @@ size_t VerbsBackend::chunkBytes() const noexcept {
 
 std::shared_ptr<Work> VerbsBackend::barrier(const BarrierOptions& opts) {
   Impl& s = *impl_;
-  const Algorithm algo = s.choose(opts.algorithm, "barrier", 0);
   auto op = s.collective(OpType::Barrier, opts.timeout);
-  op->schedule = s.scheduleFor(Impl::Shape{.type = OpType::Barrier, .algorithm = algo}, [&] {
-    return algo == Algorithm::Hierarchical ? algorithms::hierarchicalBarrier(rank_, s.hosts)
-                                           : algorithms::disseminationBarrier(rank_, size_);
-  });
-  op->describe("{}", toString(algo));
+  op->schedule = s.planFor(Impl::Shape{.type = OpType::Barrier, .algorithm = opts.algorithm},
+                           "barrier", [&](Algorithm algo) {
+                             return algo == Algorithm::Hierarchical
+                                        ? algorithms::hierarchicalBarrier(rank_, s.hosts)
+                                        : algorithms::disseminationBarrier(rank_, size_);
+                           });
+  op->describe("{}", toString(op->schedule->algorithm));
   return s.submit(std::move(op));
 }
 

@@ -90,49 +90,57 @@ struct VerbsBackend::Impl {
   std::unique_ptr<Engine> engine;                    // after both: stopped first
   uint32_t monitoredBarriers = 0;
 
-  // A schedule depends only on the collective's shape (and this rank and
-  // group): the most recent ones are shared by the operations that repeat
-  // them, as a training loop does, instead of rebuilt (and allocated) for
-  // every call.
+  // A plan (the algorithm chosen and its schedule) depends only on the
+  // collective's shape (and this rank and group, the configuration and the
+  // tuning table, fixed for the backend's life): the most recent ones are
+  // shared by the operations that repeat them, as a training loop does,
+  // instead of chosen and built (and allocated) for every call.
   struct Shape {
     OpType type = OpType::Barrier;
-    Algorithm algorithm = Algorithm::Auto;
+    Algorithm algorithm = Algorithm::Auto;  // the call's request
     int root = -1;
     size_t bytes = 0;
     size_t elementSize = 0;
     bool avg = false;
     friend bool operator==(const Shape&, const Shape&) = default;
   };
-  struct CachedSchedule {
+  struct CachedPlan {
     Shape shape;
-    std::shared_ptr<const Schedule> schedule;
+    std::shared_ptr<const Plan> plan;
     uint64_t lastUse = 0;
   };
-  static constexpr size_t kCachedSchedules = 32;
-  std::mutex schedulesMutex;
-  std::vector<CachedSchedule> schedules;
-  uint64_t scheduleUses = 0;
+  static constexpr size_t kCachedPlans = 32;
+  std::mutex plansMutex;
+  std::vector<CachedPlan> plans;
+  uint64_t planUses = 0;
 
+  // The plan for `shape`: cached, or chosen (choose(), for `collective`;
+  // empty: the requested algorithm as it is) and built (build(algorithm)
+  // returns the Schedule). A request choose() refuses throws and is not
+  // cached, so it throws again on every call.
   template <typename Build>
-  std::shared_ptr<const Schedule> scheduleFor(const Shape& shape, Build&& build) {
+  std::shared_ptr<const Plan> planFor(const Shape& shape, std::string_view collective,
+                                      Build&& build) {
     {
-      std::lock_guard lock(schedulesMutex);
-      for (CachedSchedule& c : schedules) {
+      std::lock_guard lock(plansMutex);
+      for (CachedPlan& c : plans) {
         if (c.shape == shape) {
-          c.lastUse = ++scheduleUses;
-          return c.schedule;
+          c.lastUse = ++planUses;
+          return c.plan;
         }
       }
     }
-    auto built = std::make_shared<const Schedule>(build());
-    std::lock_guard lock(schedulesMutex);
-    if (schedules.size() < kCachedSchedules) {
-      schedules.push_back({shape, built, ++scheduleUses});
+    const Algorithm algo =
+        collective.empty() ? shape.algorithm : choose(shape.algorithm, collective, shape.bytes);
+    auto built = std::make_shared<const Plan>(build(algo), algo);
+    std::lock_guard lock(plansMutex);
+    if (plans.size() < kCachedPlans) {
+      plans.push_back({shape, built, ++planUses});
     } else {
       auto oldest = std::min_element(
-          schedules.begin(), schedules.end(),
-          [](const CachedSchedule& a, const CachedSchedule& b) { return a.lastUse < b.lastUse; });
-      *oldest = {shape, built, ++scheduleUses};
+          plans.begin(), plans.end(),
+          [](const CachedPlan& a, const CachedPlan& b) { return a.lastUse < b.lastUse; });
+      *oldest = {shape, built, ++planUses};
     }
     return built;
   }
@@ -257,7 +265,7 @@ struct VerbsBackend::Impl {
       op.scratch.resize(totalBytes);
       uint8_t* flat = op.scratch.data();
       const bool fromInput = input != nullptr && size > 1;
-      op.schedule = std::make_shared<const Schedule>(
+      op.schedule = std::make_shared<const Plan>(
           fromInput ? algorithms::ringReduceScatterFromInput(rank, size, blocks, avg)
                     : algorithms::ringReduceScatter(rank, size, blocks, avg));
       op.sendBase = fromInput ? const_cast<uint8_t*>(input) : flat;
@@ -271,8 +279,7 @@ struct VerbsBackend::Impl {
     op.scratch.resize(totalBytes + static_cast<size_t>(size - 1) * mine.bytes);
     uint8_t* flat = op.scratch.data();
     uint8_t* gathered = flat + totalBytes;
-    op.schedule =
-        std::make_shared<const Schedule>(algorithms::linearReduceScatter(rank, size, blocks));
+    op.schedule = std::make_shared<const Plan>(algorithms::linearReduceScatter(rank, size, blocks));
     op.sendBase = flat;
     op.recvBase = gathered;
     op.epilogue = [flat, gathered, out, mine, me = rank, n = size, reduceOp, avg] {
@@ -323,15 +330,14 @@ struct VerbsBackend::Impl {
                            ReduceOp reduceOp, double factor, Algorithm algorithm) {
     size_t es = elementSize(dtype);
     size_t bytes = count * es;
-    Algorithm algo = choose(algorithm, "allreduce", bytes);
     bool avg = reduceOp == ReduceOp::Avg;
-    op.schedule = scheduleFor(
+    op.schedule = planFor(
         Shape{.type = OpType::Allreduce,
-              .algorithm = algo,
+              .algorithm = algorithm,
               .bytes = bytes,
               .elementSize = es,
               .avg = avg},
-        [&] {
+        "allreduce", [&](Algorithm algo) {
           switch (algo) {
             case Algorithm::Ring:
               return algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg);
@@ -344,6 +350,7 @@ struct VerbsBackend::Impl {
               return algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
           }
         });
+    const Algorithm algo = op.schedule->algorithm;
     op.sendBase = op.recvBase = data;
     op.dtype = dtype;
     op.reduceOp = reduceOp;
@@ -378,7 +385,7 @@ struct VerbsBackend::Impl {
     auto op = collective(type, opts.timeout);
     op->scratch.resize(perRank * static_cast<size_t>(size));
     uint8_t* flat = op->scratch.data();
-    op->schedule = std::make_shared<const Schedule>(allgatherSchedule(
+    op->schedule = std::make_shared<const Plan>(allgatherSchedule(
         opts.algorithm, uniformBlocks(perRank, size), perRank * static_cast<size_t>(size)));
     op->sendBase = op->recvBase = flat;
     std::vector<Tensor> ins = inputs;
