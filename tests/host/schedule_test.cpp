@@ -581,6 +581,46 @@ TEST(Hierarchical, BarrierCompletesAndOnlyLeadersCross) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Sizes, ::testing::Values(1, 2, 3, 4, 5, 7, 8, 9, 16));
 
+// A plan's extents (what the engine's admission of overlapping collectives
+// reads) cover exactly the bytes its steps touch, each on its own side: the
+// ring reduce-scatter that reads the caller's input touches the send buffer
+// through its sends and ReduceWithSend receives, and forwards partial sums
+// from the receive buffer (fromRecv).
+TEST(Plan, ExtentsCoverWhatTheStepsTouchOnEachSide) {
+  const int n = 4;
+  const auto blocks = evenBlocks(1001, n, 4);
+  for (int r = 0; r < n; ++r) {
+    const Plan plan(algorithms::ringReduceScatterFromInput(r, n, blocks, /*avg=*/true));
+    std::set<size_t> sendSide, recvSide;
+    size_t largest = 0;
+    auto mark = [](std::set<size_t>& side, const Range& range) {
+      for (size_t i = 0; i < range.bytes; ++i) side.insert(range.offset + i);
+    };
+    for (const Step& s : plan.steps) {
+      for (const SendSpec& send : s.sends) {
+        mark(send.fromRecv ? recvSide : sendSide, send.range);
+        largest = std::max(largest, send.range.bytes);
+      }
+      for (const RecvSpec& recv : s.recvs) {
+        mark(recvSide, recv.range);
+        if (recv.combine == Combine::ReduceWithSend) mark(sendSide, recv.range);
+      }
+      for (const Range& f : s.finalize) mark(recvSide, f);
+    }
+    ASSERT_FALSE(sendSide.empty());
+    ASSERT_FALSE(recvSide.empty());
+    EXPECT_EQ(plan.sendExtent.offset, *sendSide.begin()) << "rank " << r;
+    EXPECT_EQ(plan.sendExtent.offset + plan.sendExtent.bytes, *sendSide.rbegin() + 1);
+    EXPECT_EQ(plan.recvExtent.offset, *recvSide.begin()) << "rank " << r;
+    EXPECT_EQ(plan.recvExtent.offset + plan.recvExtent.bytes, *recvSide.rbegin() + 1);
+    EXPECT_EQ(plan.largestSend, largest);
+  }
+  const Plan none(Schedule{});
+  EXPECT_EQ(none.sendExtent.bytes, 0u);
+  EXPECT_EQ(none.recvExtent.bytes, 0u);
+  EXPECT_EQ(none.largestSend, 0u);
+}
+
 TEST(Blocks, EvenBlocksCoverEverythingOnce) {
   auto b = evenBlocks(10, 4, 4);
   ASSERT_EQ(b.size(), 4u);
