@@ -58,8 +58,7 @@ std::shared_ptr<Work> VerbsBackend::allreduce_coalesced(std::vector<Tensor>& ten
   DataType dtype = tensors[0].dtype;
   checkReduce(opts.reduceOp, dtype, opts.preMulFactor, "allreduce_coalesced");
   auto op = s.collective(OpType::AllreduceCoalesced, opts.timeout);
-  op->scratch.resize(total * elementSize(dtype));
-  uint8_t* flat = op->scratch.data();
+  uint8_t* flat = op->scratch.allocate(total * elementSize(dtype), s.scratchPool);
   std::vector<Tensor> views = tensors;
   const Algorithm algo =
       s.buildAllreduce(*op, flat, total, dtype, opts.reduceOp, opts.preMulFactor, opts.algorithm);
@@ -103,8 +102,7 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
       });
   uint8_t* acc = bytesOf(t);
   if (rank_ != root) {  // non-roots keep their input: accumulate in scratch
-    op->scratch.resize(t.bytes());
-    acc = op->scratch.data();
+    acc = op->scratch.allocate(t.bytes(), s.scratchPool);
   }
   op->sendBase = op->recvBase = acc;
   op->dtype = t.dtype;
@@ -198,8 +196,7 @@ std::shared_ptr<Work> VerbsBackend::gather(std::vector<std::vector<Tensor>>& out
       algorithms::linearGather(rank_, size_, root, Range{0, bytes}, blocks));
   op->sendBase = bytesOf(in);
   if (rank_ == root) {
-    op->scratch.resize(bytes * static_cast<size_t>(size_));
-    uint8_t* flat = op->scratch.data();
+    uint8_t* flat = op->scratch.allocate(bytes * static_cast<size_t>(size_), s.scratchPool);
     op->recvBase = flat;
     std::vector<Tensor> outs = outputs[0];
     int me = rank_;
@@ -237,8 +234,7 @@ std::shared_ptr<Work> VerbsBackend::scatter(std::vector<Tensor>& outputs,
       algorithms::linearScatter(rank_, size_, root, blocks, Range{0, bytes}));
   op->recvBase = bytesOf(out);
   if (rank_ == root) {
-    op->scratch.resize(bytes * static_cast<size_t>(size_));
-    uint8_t* flat = op->scratch.data();
+    uint8_t* flat = op->scratch.allocate(bytes * static_cast<size_t>(size_), s.scratchPool);
     op->sendBase = flat;
     std::vector<Tensor> ins = inputs[0];
     Tensor output = out;
@@ -344,8 +340,9 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
       std::make_shared<const Plan>(s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks));
   uint8_t* src = bytesOf(input);
   if (input.data == output.data && input.bytes() > 0) {  // in place: send from a copy
-    op->scratch.assign(src, src + input.bytes());
-    src = op->scratch.data();
+    uint8_t* copy = op->scratch.allocate(input.bytes(), s.scratchPool);
+    std::memcpy(copy, src, input.bytes());
+    src = copy;
   }
   op->sendBase = src;
   op->recvBase = bytesOf(output);
@@ -390,8 +387,7 @@ std::shared_ptr<Work> VerbsBackend::alltoall(std::vector<Tensor>& outputs,
   }
   auto sendBlocks = blocksOf(inCounts, es);
   auto recvBlocks = blocksOf(outCounts, es);
-  op->scratch.resize(inTotal + outTotal);
-  uint8_t* in = op->scratch.data();
+  uint8_t* in = op->scratch.allocate(inTotal + outTotal, s.scratchPool);
   uint8_t* out = in + inTotal;
   op->schedule =
       std::make_shared<const Plan>(s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks));

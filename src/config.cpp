@@ -85,6 +85,9 @@ constexpr std::array kOptions = {
     "reduce algorithm: auto, tree (binomial) or hierarchical (a binomial tree over hosts with one inside each host)", 0, 0},
   OptionSpec{"RDMACC_ALGO_BARRIER", String, "auto", "",
     "barrier algorithm: auto, dissemination or hierarchical (arrive at each host's first rank, dissemination among those, release)", 0, 0},
+  OptionSpec{"RDMACC_SCRATCH_CACHE_BYTES", Int, "268435456", "bytes",
+    "memory of completed operations' scratch buffers (64 KiB and larger: reduce_scatter's partial sums, the packing of gather, scatter, alltoall and the coalesced collectives) kept, at most 16 buffers, for the operations that follow; "
+    "0: each is freed with its operation (a new one then costs its page faults every time)", 0, int64_t{1} << 40},
   OptionSpec{"RDMACC_COLLECTIVES_IN_FLIGHT", Int, "8", "",
     "collectives the engine runs at once when the caller issues them without waiting: a later one starts "
     "while earlier ones run if none of them has packing copies and their buffers do not overlap; 1: one at a time", 1, 64},

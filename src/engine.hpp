@@ -27,6 +27,7 @@
 #include "rdmacc/types.hpp"
 #include "rdmacc/work.hpp"
 #include "src/schedule.hpp"
+#include "src/scratch.hpp"
 
 namespace rdmacc {
 
@@ -95,7 +96,7 @@ struct Operation {
   } copyIn;
   std::function<void()> prologue;  // on the engine thread, when the op starts
   std::function<void()> epilogue;  // after the last step, before completion
-  std::vector<uint8_t> scratch;    // memory the operation owns
+  Scratch scratch;                 // memory the operation owns
 
   // Point to point.
   bool pointToPoint = false;

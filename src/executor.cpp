@@ -223,15 +223,16 @@ bool Executor::receive(Active& a, const Expectation& expected, size_t j) {
     } else {
       if (a.zeroCopy->overlaps(dst, payload)) break;  // a write still reads these bytes
       const uint8_t* src = matching_.payload(recv.peer, *in);
+      const size_t count = payload / elementSize(op.dtype);
       if (recv.combine == Combine::Copy) {
         if (payload > 0) std::memcpy(dst, src, payload);
+      } else if (recv.combine == Combine::ReduceWithSend) {
+        // This rank's contribution combined with the incoming one in one
+        // pass (no copy of it into place first).
+        reduceTo(dst, op.sendBase + recv.range.offset + a.received[j], src, count, op.dtype,
+                 op.reduceOp);
       } else {
-        if (recv.combine == Combine::ReduceWithSend && payload > 0) {
-          // This rank's contribution first, a chunk at a time (cache-hot for
-          // the reduction right after), as the whole input used to be.
-          std::memcpy(dst, op.sendBase + recv.range.offset + a.received[j], payload);
-        }
-        reduceInto(dst, src, payload / elementSize(op.dtype), op.dtype, op.reduceOp);
+        reduceInto(dst, src, count, op.dtype, op.reduceOp);
       }
     }
     matching_.consume(recv.peer, in);

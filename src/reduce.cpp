@@ -61,40 +61,42 @@ T orderedMax(T a, T b) {
   return a < b ? b : a;
 }
 
+// d[i] = f(x[i], y[i]); d is x (in place) or overlaps neither.
 template <typename T, typename F>
-void apply(void* dst, const void* src, size_t n, F f) {
+void apply(void* dst, const void* a, const void* b, size_t n, F f) {
   auto* d = static_cast<T*>(dst);
-  const auto* s = static_cast<const T*>(src);
-  for (size_t i = 0; i < n; ++i) d[i] = f(d[i], s[i]);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) d[i] = f(x[i], y[i]);
 }
 
 template <typename T>
-void reduceTyped(void* dst, const void* src, size_t n, ReduceOp op) {
+void reduceTyped(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg:
     case ReduceOp::PreMulSum:
-      apply<T>(dst, src, n, [](T a, T b) { return add(a, b); });
+      apply<T>(dst, a, b, n, [](T x, T y) { return add(x, y); });
       return;
     case ReduceOp::Product:
-      apply<T>(dst, src, n, [](T a, T b) { return mul(a, b); });
+      apply<T>(dst, a, b, n, [](T x, T y) { return mul(x, y); });
       return;
     case ReduceOp::Min:
-      apply<T>(dst, src, n, [](T a, T b) { return orderedMin(a, b); });
+      apply<T>(dst, a, b, n, [](T x, T y) { return orderedMin(x, y); });
       return;
     case ReduceOp::Max:
-      apply<T>(dst, src, n, [](T a, T b) { return orderedMax(a, b); });
+      apply<T>(dst, a, b, n, [](T x, T y) { return orderedMax(x, y); });
       return;
     case ReduceOp::BAnd:
     case ReduceOp::BOr:
     case ReduceOp::BXor:
       if constexpr (std::is_integral_v<T>) {
         if (op == ReduceOp::BAnd)
-          apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a & b); });
+          apply<T>(dst, a, b, n, [](T x, T y) { return static_cast<T>(x & y); });
         if (op == ReduceOp::BOr)
-          apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a | b); });
+          apply<T>(dst, a, b, n, [](T x, T y) { return static_cast<T>(x | y); });
         if (op == ReduceOp::BXor)
-          apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a ^ b); });
+          apply<T>(dst, a, b, n, [](T x, T y) { return static_cast<T>(x ^ y); });
         return;
       }
       break;
@@ -104,35 +106,37 @@ void reduceTyped(void* dst, const void* src, size_t n, ReduceOp op) {
 
 // 16-bit floats: widen to float, combine, narrow once.
 template <float (*Widen)(uint16_t) noexcept, uint16_t (*Narrow)(float) noexcept>
-void reduceHalf(void* dst, const void* src, size_t n, ReduceOp op) {
+void reduceHalf(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
   auto* d = static_cast<uint16_t*>(dst);
-  const auto* s = static_cast<const uint16_t*>(src);
+  const auto* x = static_cast<const uint16_t*>(a);
+  const auto* y = static_cast<const uint16_t*>(b);
   constexpr size_t kBlock = 256;
-  float a[kBlock], b[kBlock];
+  float wx[kBlock], wy[kBlock];
   for (size_t base = 0; base < n; base += kBlock) {
     size_t m = std::min(kBlock, n - base);
-    for (size_t i = 0; i < m; ++i) a[i] = Widen(d[base + i]), b[i] = Widen(s[base + i]);
-    reduceTyped<float>(a, b, m, op);
-    for (size_t i = 0; i < m; ++i) d[base + i] = Narrow(a[i]);
+    for (size_t i = 0; i < m; ++i) wx[i] = Widen(x[base + i]), wy[i] = Widen(y[base + i]);
+    reduceTyped<float>(wx, wx, wy, m, op);
+    for (size_t i = 0; i < m; ++i) d[base + i] = Narrow(wx[i]);
   }
 }
 
-void reduceBool(void* dst, const void* src, size_t n, ReduceOp op) {
+void reduceBool(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
   auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
+  const auto* x = static_cast<const uint8_t*>(a);
+  const auto* y = static_cast<const uint8_t*>(b);
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Max:
     case ReduceOp::BOr:
-      for (size_t i = 0; i < n; ++i) d[i] = (d[i] | s[i]) != 0;
+      for (size_t i = 0; i < n; ++i) d[i] = (x[i] | y[i]) != 0;
       return;
     case ReduceOp::Product:
     case ReduceOp::Min:
     case ReduceOp::BAnd:
-      for (size_t i = 0; i < n; ++i) d[i] = (d[i] != 0) & (s[i] != 0);
+      for (size_t i = 0; i < n; ++i) d[i] = (x[i] != 0) & (y[i] != 0);
       return;
     case ReduceOp::BXor:
-      for (size_t i = 0; i < n; ++i) d[i] = (d[i] != 0) ^ (s[i] != 0);
+      for (size_t i = 0; i < n; ++i) d[i] = (x[i] != 0) ^ (y[i] != 0);
       return;
     default:
       throw Error(ErrorKind::Internal, "Bool reduction with an unsupported op");
@@ -216,36 +220,40 @@ uint16_t floatToBfloat16(float f) noexcept {
   return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quietNan : rounded);
 }
 
-void reduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op) {
+void reduceTo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op) {
   switch (dtype) {
     case DataType::Float32:
-      reduceTyped<float>(dst, src, n, op);
+      reduceTyped<float>(dst, a, b, n, op);
       return;
     case DataType::Float64:
-      reduceTyped<double>(dst, src, n, op);
+      reduceTyped<double>(dst, a, b, n, op);
       return;
     case DataType::Float16:
-      reduceHalf<halfToFloat, floatToHalf>(dst, src, n, op);
+      reduceHalf<halfToFloat, floatToHalf>(dst, a, b, n, op);
       return;
     case DataType::BFloat16:
-      reduceHalf<bfloat16ToFloat, floatToBfloat16>(dst, src, n, op);
+      reduceHalf<bfloat16ToFloat, floatToBfloat16>(dst, a, b, n, op);
       return;
     case DataType::Int8:
-      reduceTyped<int8_t>(dst, src, n, op);
+      reduceTyped<int8_t>(dst, a, b, n, op);
       return;
     case DataType::UInt8:
-      reduceTyped<uint8_t>(dst, src, n, op);
+      reduceTyped<uint8_t>(dst, a, b, n, op);
       return;
     case DataType::Int32:
-      reduceTyped<int32_t>(dst, src, n, op);
+      reduceTyped<int32_t>(dst, a, b, n, op);
       return;
     case DataType::Int64:
-      reduceTyped<int64_t>(dst, src, n, op);
+      reduceTyped<int64_t>(dst, a, b, n, op);
       return;
     case DataType::Bool:
-      reduceBool(dst, src, n, op);
+      reduceBool(dst, a, b, n, op);
       return;
   }
+}
+
+void reduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op) {
+  reduceTo(dst, dst, src, n, dtype, op);
 }
 
 void scaleBy(void* data, size_t n, DataType dtype, double factor) {

@@ -13,6 +13,9 @@ namespace rdmacc {
 // is separate). Float16/BFloat16 compute each pair in float32 and round once.
 // Integer Sum and Product wrap around (two's complement), as in NCCL.
 void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
+// dst[i] = a[i] (op) b[i] in one pass (dst may be a; otherwise none of the
+// three overlap): a reduction out of place without copying `a` first.
+void reduceTo(void* dst, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op);
 // data[i] *= factor (PreMulSum's pre-multiplication), rounded to dtype.
 void scaleBy(void* data, size_t count, DataType dtype, double factor);
 // data[i] /= divisor (Avg); integers truncate toward zero.

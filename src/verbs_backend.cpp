@@ -87,6 +87,8 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   s.defaultTimeout =
       options.timeout.count() >= 0 ? options.timeout : s.config.getDuration("RDMACC_TIMEOUT");
   s.treeMaxBytes = static_cast<size_t>(s.config.getInt("RDMACC_TREE_MAX_BYTES"));
+  s.scratchPool = std::make_shared<ScratchPool>(
+      static_cast<size_t>(s.config.getInt("RDMACC_SCRATCH_CACHE_BYTES")));
   s.readForcedAlgorithms();
   if (const std::string& file = s.config.getString("RDMACC_TUNE_FILE"); !file.empty()) {
     s.tuning = TuningTable::load(file);

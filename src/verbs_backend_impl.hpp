@@ -87,7 +87,10 @@ struct VerbsBackend::Impl {
   std::string group;
   std::vector<std::unique_ptr<Mesh>> rails;          // one mesh per NIC; empty: no RDMA peer
   std::unique_ptr<RegistrationCache> registrations;  // after the meshes (the first's PD)
-  std::unique_ptr<Engine> engine;                    // after both: stopped first
+  // Operations' large scratch buffers, kept for the next ones
+  // (RDMACC_SCRATCH_CACHE_BYTES); shared with the operations that hold one.
+  std::shared_ptr<ScratchPool> scratchPool;
+  std::unique_ptr<Engine> engine;  // after both: stopped first
   uint32_t monitoredBarriers = 0;
 
   // A plan (the algorithm chosen and its schedule) depends only on the
@@ -262,8 +265,7 @@ struct VerbsBackend::Impl {
     op.dtype = out.dtype;
     op.reduceOp = reduceOp;
     if (algo == Algorithm::Ring) {
-      op.scratch.resize(totalBytes);
-      uint8_t* flat = op.scratch.data();
+      uint8_t* flat = op.scratch.allocate(totalBytes, scratchPool);
       const bool fromInput = input != nullptr && size > 1;
       op.schedule = std::make_shared<const Plan>(
           fromInput ? algorithms::ringReduceScatterFromInput(rank, size, blocks, avg)
@@ -276,8 +278,8 @@ struct VerbsBackend::Impl {
       };
       return fromInput ? nullptr : flat;
     }
-    op.scratch.resize(totalBytes + static_cast<size_t>(size - 1) * mine.bytes);
-    uint8_t* flat = op.scratch.data();
+    uint8_t* flat =
+        op.scratch.allocate(totalBytes + static_cast<size_t>(size - 1) * mine.bytes, scratchPool);
     uint8_t* gathered = flat + totalBytes;
     op.schedule = std::make_shared<const Plan>(algorithms::linearReduceScatter(rank, size, blocks));
     op.sendBase = flat;
@@ -289,8 +291,12 @@ struct VerbsBackend::Impl {
         return gathered + static_cast<size_t>(r < me ? r : r - 1) * mine.bytes;
       };
       size_t count = mine.bytes / elementSize(out.dtype);
-      std::memcpy(out.data, part(0), mine.bytes);
-      for (int r = 1; r < n; ++r) reduceInto(out.data, part(r), count, out.dtype, reduceOp);
+      if (n == 1) {
+        std::memcpy(out.data, part(0), mine.bytes);
+      } else {  // in rank order, the first two in one pass
+        reduceTo(out.data, part(0), part(1), count, out.dtype, reduceOp);
+      }
+      for (int r = 2; r < n; ++r) reduceInto(out.data, part(r), count, out.dtype, reduceOp);
       if (avg) divideBy(out.data, count, out.dtype, n);
     };
     return flat;
@@ -383,8 +389,7 @@ struct VerbsBackend::Impl {
         checkSame(inputs[i], list[i], "allgather_coalesced", "an output");
     }
     auto op = collective(type, opts.timeout);
-    op->scratch.resize(perRank * static_cast<size_t>(size));
-    uint8_t* flat = op->scratch.data();
+    uint8_t* flat = op->scratch.allocate(perRank * static_cast<size_t>(size), scratchPool);
     op->schedule = std::make_shared<const Plan>(allgatherSchedule(
         opts.algorithm, uniformBlocks(perRank, size), perRank * static_cast<size_t>(size)));
     op->sendBase = op->recvBase = flat;

@@ -11,9 +11,16 @@
 namespace rdmacc {
 namespace {
 
+// a (op) b, in place (reduceInto); the out-of-place reduceTo, into a buffer
+// filled with garbage first, must give the same bits.
 template <typename T>
 std::vector<T> reduced(std::vector<T> a, const std::vector<T>& b, DataType t, ReduceOp op) {
+  std::vector<T> out(a.size());
+  std::memset(out.data(), 0xa5, out.size() * sizeof(T));
+  reduceTo(out.data(), a.data(), b.data(), a.size(), t, op);
   reduceInto(a.data(), b.data(), a.size(), t, op);
+  EXPECT_EQ(std::memcmp(out.data(), a.data(), a.size() * sizeof(T)), 0)
+      << "reduceTo differs from reduceInto (" << toString(t) << ")";
   return a;
 }
 
