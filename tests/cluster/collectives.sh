@@ -9,11 +9,30 @@ source "$(dirname "$0")/lib.sh"
 for h in $(seq 0 $((BED_HOSTS - 1))); do
   rxe-cluster exec "$h" -- sh -c 'echo "$(hostname): $RXE_IP, eth0 MTU $(cat /sys/class/net/eth0/mtu), rxe0 active MTU $(ibv_devinfo -d rxe0 | awk "/active_mtu/{print \$2}")"'
 done
-rc=0; run_job --timeout 600s -- "$BUILD/tests/rdmacc_collective_tests" || rc=$?
+# Soft-RoCE on Debian 12's kernel (6.1) can stall a connection for good
+# after retransmissions on this overloaded bed (docs/troubleshooting.md, "the
+# connection to rank N stalled"): rdmacc fails the step in seconds, naming
+# it. That failure, and only that one, earns the step one more run; a second
+# stall, or any other failure, fails it.
+suite() {  # suite [env...]: the collective suite on every host; its output in $out
+  local rc=0
+  run_job --timeout 600s -- env "$@" "$BUILD/tests/rdmacc_collective_tests" > "$out" 2>&1 || rc=$?
+  cat "$out"
+  if ((rc != 0)) && grep -q "the connection to rank [0-9]* stalled" "$out"; then
+    echo "=== soft-RoCE stalled a connection (a kernel bug, not rdmacc's); its state, then the step once more"
+    device_state
+    rc=0; run_job --timeout 600s -- env "$@" "$BUILD/tests/rdmacc_collective_tests" > "$out" 2>&1 || rc=$?
+    cat "$out"
+  fi
+  return $rc
+}
+out=$(mktemp)
+rc=0; suite RDMACC_TRANSPORT=auto || rc=$?
 check "collective suite, shared memory inside hosts + RDMA between them" $rc
 # Every rank over RDMA too (the test command skips it: RDMACC_CLUSTER_FULL=1).
 if [[ ${RDMACC_CLUSTER_FULL:-0} == 1 ]]; then
-  rc=0; run_job --timeout 600s -- env RDMACC_TRANSPORT=rdma "$BUILD/tests/rdmacc_collective_tests" || rc=$?
+  rc=0; suite RDMACC_TRANSPORT=rdma || rc=$?
   check "collective suite, every rank over RDMA" $rc
 fi
+rm -f "$out"
 finish
