@@ -62,6 +62,10 @@ void computeFootprint(Active& a, size_t chunk) {
     a.latencyBound = plan->largestSend <= chunk;
     a.footprint[0].cover(op.sendBase, plan->sendExtent.offset, plan->sendExtent.bytes);
     a.footprint[1].cover(op.recvBase, plan->recvExtent.offset, plan->recvExtent.bytes);
+    if (plan->outExtent.bytes > 0 && plan->outExtent.offset >= op.outOrigin) {
+      a.footprint[3].cover(op.outBase, plan->outExtent.offset - op.outOrigin,
+                           plan->outExtent.bytes);
+    }
   }
   a.footprint[1].cover(op.copyIn.to, 0, op.copyIn.bytes);
   a.footprint[2].cover(op.copyIn.from, 0, op.copyIn.bytes);

@@ -46,11 +46,11 @@ struct Span {
 struct Active {
   std::unique_ptr<Operation> op;
   // Collectives: what the operation reads and writes (send buffer, receive
-  // buffer, the copy-in's source), unless `opaque`: a prologue or epilogue
+  // buffer, the copy-in's source, the output buffer), unless `opaque`: a prologue or epilogue
   // touches memory the engine cannot see. Decides whether it may run while
   // earlier collectives do.
   bool opaque = true;
-  std::array<Span, 3> footprint{};
+  std::array<Span, 4> footprint{};
   bool latencyBound = false;  // every message fits one slot
   std::shared_ptr<ZeroCopyWrites> zeroCopy = std::make_shared<ZeroCopyWrites>();
   // Direct receives: the adverts still to send, which receives ([step][recv])

@@ -269,11 +269,17 @@ std::shared_ptr<Work> VerbsBackend::_reduce_scatter_base(Tensor& output, Tensor&
   Tensor in = input;
   ReduceOp reduceOp = opts.reduceOp;
   double factor = opts.preMulFactor;
-  // The ring reads the input where it is (the output, even inside the
-  // input, is written only at the end, after every read of it), unless
-  // PreMulSum scales a copy first.
+  // The ring reads the input where it is, unless PreMulSum scales a copy
+  // first or the output lies inside the input other than as this rank's own
+  // block (NCCL's in-place form): the ring's last receive writes the output
+  // while other blocks of the input may still be read.
+  const auto at = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data); };
+  const bool apart = at(output) + output.bytes() <= at(input) ||
+                     at(input) + input.bytes() <= at(output) ||
+                     at(output) == at(input) + blocks[static_cast<size_t>(rank_)].offset;
+  const bool readInput = reduceOp != ReduceOp::PreMulSum && apart;
   uint8_t* flat = s.planReduceScatter(*op, opts.algorithm, blocks, input.bytes(), output, reduceOp,
-                                      reduceOp != ReduceOp::PreMulSum ? bytesOf(input) : nullptr);
+                                      readInput ? bytesOf(input) : nullptr);
   if (flat != nullptr) {
     op->prologue = [flat, in, reduceOp, factor] {
       if (in.bytes() > 0) std::memcpy(flat, in.data, in.bytes());

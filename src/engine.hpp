@@ -83,6 +83,10 @@ struct Operation {
   }
   uint8_t* sendBase = nullptr;
   uint8_t* recvBase = nullptr;
+  // Receives toOutput write here: outBase holds what starts at outOrigin of
+  // the receive buffer's layout (RecvSpec::toOutput).
+  uint8_t* outBase = nullptr;
+  size_t outOrigin = 0;
   DataType dtype = DataType::UInt8;
   ReduceOp reduceOp = ReduceOp::Sum;
   int64_t avgDivisor = 0;   // finalize ranges are divided by it (Avg)

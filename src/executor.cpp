@@ -18,6 +18,16 @@ using wire::Header;
 using wire::kDirect;
 using wire::MessageKind;
 
+namespace {
+
+// Where receive `recv` of `op` writes its range's first byte.
+uint8_t* destination(const Operation& op, const RecvSpec& recv) {
+  return recv.toOutput ? op.outBase + (recv.range.offset - op.outOrigin)
+                       : op.recvBase + recv.range.offset;
+}
+
+}  // namespace
+
 Executor::Executor(Transport& transport, Matching& matching, const EngineOptions& options,
                    const std::vector<bool>& gone)
     : transport_(transport),
@@ -79,7 +89,7 @@ void Executor::prepareAdverts(Active& a) {
           (op.type == OpType::Broadcast || op.type == OpType::Scatter)) {
         continue;
       }
-      const uint8_t* dst = op.recvBase + r.range.offset;
+      const uint8_t* dst = destination(op, r);
       std::shared_ptr<const Registration> registration;
       if (kind == DirectWrites::Registered) {
         registration = registrations->find(dst, r.range.bytes);
@@ -210,7 +220,7 @@ bool Executor::receive(Active& a, const Expectation& expected, size_t j) {
                                           static_cast<uint32_t>(a.receivedMessages[j]), payload);
     if (!found) break;
     Matching::It in = *found;
-    uint8_t* dst = op.recvBase + recv.range.offset + a.received[j];
+    uint8_t* dst = destination(op, recv) + a.received[j];
     if (in->header.flags & kDirect) {  // the payload is already in place
       if (a.advertised.empty() || !a.advertised[a.step][j]) {
         throw Error(ErrorInfo{.kind = ErrorKind::Protocol,

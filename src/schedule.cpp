@@ -27,7 +27,7 @@ Plan::Plan(Schedule s, Algorithm a) : steps(std::move(s)), algorithm(a) {
       cover(send.fromRecv ? recvExtent : sendExtent, send.range);
     }
     for (const RecvSpec& recv : step.recvs) {
-      cover(recvExtent, recv.range);
+      cover(recv.toOutput ? outExtent : recvExtent, recv.range);
       if (recv.combine == Combine::ReduceWithSend) cover(sendExtent, recv.range);
     }
     for (const Range& r : step.finalize) cover(recvExtent, r);

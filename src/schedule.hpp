@@ -51,6 +51,13 @@ struct RecvSpec {
   // overwrites (recursive doubling exchanges one range both ways): each chunk
   // is combined only after that send has taken the same chunk. -1: none.
   int afterSend = -1;
+  // The result goes to the operation's output buffer instead of the receive
+  // buffer: Operation::outBase holds the bytes that start at
+  // Operation::outOrigin of the receive buffer's layout (a reduce-scatter's
+  // last receive writes the caller's output directly, no copy out
+  // afterwards). The range, and a ReduceWithSend's read of the send buffer,
+  // stay in the receive buffer's coordinates.
+  bool toOutput = false;
 };
 
 struct Step {
@@ -73,9 +80,10 @@ struct Plan {
   // The bytes its steps touch, as one interval each (bytes 0: none):
   // relative to the send buffer (sends from it, and the input side of
   // ReduceWithSend receives) and to the receive buffer (forwarding sends,
-  // receives, finalize ranges).
+  // receives, finalize ranges), and the receives into the output buffer.
   Range sendExtent;
   Range recvExtent;
+  Range outExtent;         // receives toOutput (in the receive buffer's coordinates)
   size_t largestSend = 0;  // bytes of its largest send
 };
 

@@ -248,7 +248,7 @@ struct VerbsBackend::Impl {
   // one step: rank p gets block p from everyone and combines the
   // contributions in rank order (the same sums whatever arrives first).
   // With `input` (contiguous, laid out like `blocks`) the ring reads it where
-  // it is and nullptr is returned: no prologue (ringReduceScatterFromInput).
+  // it is and nullptr is returned: no prologue (ringReduceScatterToOutput).
   uint8_t* planReduceScatter(Operation& op, Algorithm requested, const std::vector<Range>& blocks,
                              size_t totalBytes, const Tensor& out, ReduceOp reduceOp,
                              const uint8_t* input = nullptr) const {
@@ -265,17 +265,25 @@ struct VerbsBackend::Impl {
     op.dtype = out.dtype;
     op.reduceOp = reduceOp;
     if (algo == Algorithm::Ring) {
+      // The last receive writes block `rank` into `out` (toOutput); the
+      // scratch holds the partial sums forwarded before it (and without
+      // `input`, the packed inputs).
       uint8_t* flat = op.scratch.allocate(totalBytes, scratchPool);
       const bool fromInput = input != nullptr && size > 1;
       op.schedule = std::make_shared<const Plan>(
-          fromInput ? algorithms::ringReduceScatterFromInput(rank, size, blocks, avg)
-                    : algorithms::ringReduceScatter(rank, size, blocks, avg));
+          algorithms::ringReduceScatterToOutput(rank, size, blocks, fromInput));
       op.sendBase = fromInput ? const_cast<uint8_t*>(input) : flat;
       op.recvBase = flat;
-      op.avgDivisor = avg ? size : 0;
-      op.epilogue = [flat, out, mine] {
-        if (mine.bytes > 0) std::memcpy(out.data, flat + mine.offset, mine.bytes);
-      };
+      op.outBase = static_cast<uint8_t*>(out.data);
+      op.outOrigin = mine.offset;
+      const size_t count = mine.bytes / elementSize(out.dtype);
+      if (size == 1) {  // no steps: its own block is the result
+        op.epilogue = [flat, out, mine] {
+          if (mine.bytes > 0) std::memcpy(out.data, flat + mine.offset, mine.bytes);
+        };
+      } else if (avg) {
+        op.epilogue = [out, count, n = size] { divideBy(out.data, count, out.dtype, n); };
+      }
       return fromInput ? nullptr : flat;
     }
     uint8_t* flat =

@@ -14,14 +14,19 @@ namespace rdmacc::algorithms {
 Schedule ringAllreduce(int rank, int size, const std::vector<Range>& blocks, bool finalize);
 // Rank r ends with block r fully reduced (and finalised if asked).
 Schedule ringReduceScatter(int rank, int size, const std::vector<Range>& blocks, bool finalize);
-// The same reading the send buffer (the caller's input, never written) and
-// writing partial sums only to the receive buffer (laid out like the input):
-// each rank receives every block but its first once, so each receive
-// combines the input's block with the incoming partial sum (ReduceWithSend),
-// and steps after the first forward what the previous one produced. No copy
-// of the input first. size 1 has no steps: the caller copies its block.
-Schedule ringReduceScatterFromInput(int rank, int size, const std::vector<Range>& blocks,
-                                    bool finalize);
+// The same with block r written straight into the output buffer
+// (RecvSpec::toOutput): the last receive combines this rank's part of block
+// r, read from the send buffer, with the incoming partial sum. fromInput: the
+// send buffer is the caller's input (never written) and partial sums go only
+// to the receive buffer (laid out like the input): each rank receives every
+// block but its first once, so each receive combines the input's block with
+// the incoming partial sum (ReduceWithSend), and steps after the first
+// forward what the previous one produced; no copy of the input first.
+// Otherwise send and receive buffer are one (the inputs packed into it).
+// No finalisation (Avg divides the output afterwards); size 1 has no steps:
+// the caller copies its block.
+Schedule ringReduceScatterToOutput(int rank, int size, const std::vector<Range>& blocks,
+                                   bool fromInput);
 // Block r of every rank r reaches everyone.
 Schedule ringAllgather(int rank, int size, const std::vector<Range>& blocks);
 int ringRight(int rank, int size);

@@ -201,16 +201,48 @@ TEST(Collectives, ReduceScatterEveryTypeAndOp) {
         }
         std::vector<std::vector<Tensor>> inputs(1);
         for (auto& p : parts) inputs[0].push_back(p.tensor());
-        Buffer out2(t, n);
-        std::vector<Tensor> outputs{out2.tensor()};
-        gBackend
-            ->reduce_scatter(
-                outputs, inputs,
-                ReduceScatterOptions{
-                    .reduceOp = op, .preMulFactor = kFactor, .algorithm = Algorithm::Linear})
-            ->wait();
-        expectReduced(out2, op, static_cast<size_t>(R) * n, n, c,
-                      "reduce_scatter list form " + name(t, op, n, Algorithm::Linear));
+        for (Algorithm a : {Algorithm::Linear, Algorithm::Ring}) {
+          Buffer out2(t, n);
+          std::vector<Tensor> outputs{out2.tensor()};
+          gBackend
+              ->reduce_scatter(
+                  outputs, inputs,
+                  ReduceScatterOptions{.reduceOp = op, .preMulFactor = kFactor, .algorithm = a})
+              ->wait();
+          expectReduced(out2, op, static_cast<size_t>(R) * n, n, c,
+                        "reduce_scatter list form " + name(t, op, n, a));
+        }
+      }
+    }
+  }
+}
+
+// The output inside the input: as this rank's own block (NCCL's in-place
+// form: the ring reads the input where it is and writes the block last), and
+// as another rank's block (the ring must not overwrite input it still sends:
+// it works on a copy).
+TEST(Collectives, ReduceScatterWithTheOutputInsideTheInput) {
+  int c = 7000;
+  for (DataType t : {DataType::Float32, DataType::Int64}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
+      for (size_t n : {size_t{1}, size_t{1031}}) {
+        for (int shift : {0, 1}) {
+          ++c;
+          const size_t es = elementSize(t), total = n * static_cast<size_t>(N);
+          Buffer in = contribution(t, op, total, R, c);
+          const size_t block = static_cast<size_t>((R + shift) % N);
+          Tensor input = in.tensor();
+          Tensor output{in.bytes.data() + block * n * es, n, t};
+          gBackend
+              ->_reduce_scatter_base(
+                  output, input, ReduceScatterOptions{.reduceOp = op, .algorithm = Algorithm::Ring})
+              ->wait();
+          Buffer got(t, n);
+          std::memcpy(got.bytes.data(), output.data, n * es);
+          expectReduced(got, op, static_cast<size_t>(R) * n, n, c,
+                        "_reduce_scatter_base, output = block " + std::to_string(block) +
+                            " of the input, " + name(t, op, n, Algorithm::Ring));
+        }
       }
     }
   }

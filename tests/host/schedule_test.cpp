@@ -20,6 +20,8 @@ using Bytes = std::vector<uint8_t>;
 struct Rank {
   Schedule schedule;
   Bytes sendBuf, recvBuf;
+  Bytes outBuf;  // receives toOutput: outBuf[i] is recvBuf's byte outOrigin + i
+  size_t outOrigin = 0;
   bool sameBuffer = true;  // send and receive buffer are one (in-place algorithms)
   size_t step = 0;
   std::vector<bool> sent, received;
@@ -74,7 +76,7 @@ void simulate(std::vector<Rank>& ranks, bool mustFinish = true) {
           ASSERT_EQ(msg.size(), s.recvs[j].range.bytes) << "rank " << me << " step " << r.step;
           for (size_t b = 0; b < msg.size(); ++b) {
             const size_t at = s.recvs[j].range.offset + b;
-            uint8_t& dst = r.recvBuf[at];
+            uint8_t& dst = s.recvs[j].toOutput ? r.outBuf.at(at - r.outOrigin) : r.recvBuf[at];
             switch (s.recvs[j].combine) {
               case Combine::Copy:
                 dst = msg[b];
@@ -189,31 +191,47 @@ TEST_P(Sizes, RingReduceScatterLeavesBlockRAtRankR) {
 // Out of place: the input (send buffer) is read as it is and never written;
 // the receive buffer starts as garbage, so reading an unwritten byte of it
 // shows in the sums.
-TEST_P(Sizes, RingReduceScatterFromTheInputLeavesTheInputAlone) {
+// The ring reduce-scatter that writes block r straight into rank r's output:
+// reading the caller's input where it is (never written), or with send and
+// receive buffer one (the inputs packed into scratch). Nothing but the
+// output receives block r's result, and the output gets nothing else.
+TEST_P(Sizes, RingReduceScatterToTheOutput) {
   const int n = GetParam();
   if (n == 1) GTEST_SKIP() << "no steps: the backend copies the block itself";
-  for (size_t count :
-       {size_t{0}, size_t{1}, static_cast<size_t>(n) * 3, static_cast<size_t>(n) * 3 + 2}) {
-    std::vector<Rank> ranks(static_cast<size_t>(n));
-    auto blocks = evenBlocks(count, n, 1);
-    for (int r = 0; r < n; ++r) {
-      auto& x = ranks[static_cast<size_t>(r)];
-      x.schedule = algorithms::ringReduceScatterFromInput(r, n, blocks, false);
-      x.sameBuffer = false;
-      x.sendBuf.resize(count);
-      for (size_t i = 0; i < count; ++i) x.sendBuf[i] = v(r, i);
-      x.recvBuf.assign(count, 0xee);
-    }
-    simulate(ranks);
-    for (int r = 0; r < n; ++r) {
-      const auto& x = ranks[static_cast<size_t>(r)];
-      const Range& mine = blocks[static_cast<size_t>(r)];
-      for (size_t at = mine.offset; at < mine.offset + mine.bytes; ++at) {
-        uint8_t want = 0;
-        for (int q = 0; q < n; ++q) want = static_cast<uint8_t>(want + v(q, at));
-        EXPECT_EQ(x.recvBuf[at], want) << "n=" << n << " count=" << count << " rank=" << r;
+  for (bool fromInput : {true, false}) {
+    for (size_t count :
+         {size_t{0}, size_t{1}, static_cast<size_t>(n) * 3, static_cast<size_t>(n) * 3 + 2}) {
+      std::vector<Rank> ranks(static_cast<size_t>(n));
+      auto blocks = evenBlocks(count, n, 1);
+      for (int r = 0; r < n; ++r) {
+        auto& x = ranks[static_cast<size_t>(r)];
+        const Range& mine = blocks[static_cast<size_t>(r)];
+        x.schedule = algorithms::ringReduceScatterToOutput(r, n, blocks, fromInput);
+        x.sameBuffer = !fromInput;
+        Bytes& input = fromInput ? x.sendBuf : x.recvBuf;
+        input.resize(count);
+        for (size_t i = 0; i < count; ++i) input[i] = v(r, i);
+        if (fromInput) x.recvBuf.assign(count, 0xee);
+        x.outBuf.assign(mine.bytes, 0xee);
+        x.outOrigin = mine.offset;
       }
-      for (size_t i = 0; i < count; ++i) ASSERT_EQ(x.sendBuf[i], v(r, i)) << "the input changed";
+      simulate(ranks);
+      for (int r = 0; r < n; ++r) {
+        const auto& x = ranks[static_cast<size_t>(r)];
+        const Range& mine = blocks[static_cast<size_t>(r)];
+        for (size_t b = 0; b < mine.bytes; ++b) {
+          uint8_t want = 0;
+          for (int q = 0; q < n; ++q) want = static_cast<uint8_t>(want + v(q, mine.offset + b));
+          EXPECT_EQ(x.outBuf[b], want) << "n=" << n << " count=" << count << " rank=" << r;
+          if (fromInput) {
+            EXPECT_EQ(x.recvBuf[mine.offset + b], 0xee) << "block r went to scratch";
+          }
+        }
+        if (fromInput) {
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(x.sendBuf[i], v(r, i)) << "the input changed";
+        }
+      }
     }
   }
 }
@@ -584,14 +602,14 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, Sizes, ::testing::Values(1, 2, 3, 4, 5, 7, 
 // A plan's extents (what the engine's admission of overlapping collectives
 // reads) cover exactly the bytes its steps touch, each on its own side: the
 // ring reduce-scatter that reads the caller's input touches the send buffer
-// through its sends and ReduceWithSend receives, and forwards partial sums
-// from the receive buffer (fromRecv).
+// through its sends and ReduceWithSend receives, forwards partial sums from
+// the receive buffer (fromRecv), and writes block r to the output.
 TEST(Plan, ExtentsCoverWhatTheStepsTouchOnEachSide) {
   const int n = 4;
   const auto blocks = evenBlocks(1001, n, 4);
   for (int r = 0; r < n; ++r) {
-    const Plan plan(algorithms::ringReduceScatterFromInput(r, n, blocks, /*avg=*/true));
-    std::set<size_t> sendSide, recvSide;
+    const Plan plan(algorithms::ringReduceScatterToOutput(r, n, blocks, /*fromInput=*/true));
+    std::set<size_t> sendSide, recvSide, outSide;
     size_t largest = 0;
     auto mark = [](std::set<size_t>& side, const Range& range) {
       for (size_t i = 0; i < range.bytes; ++i) side.insert(range.offset + i);
@@ -602,7 +620,7 @@ TEST(Plan, ExtentsCoverWhatTheStepsTouchOnEachSide) {
         largest = std::max(largest, send.range.bytes);
       }
       for (const RecvSpec& recv : s.recvs) {
-        mark(recvSide, recv.range);
+        mark(recv.toOutput ? outSide : recvSide, recv.range);
         if (recv.combine == Combine::ReduceWithSend) mark(sendSide, recv.range);
       }
       for (const Range& f : s.finalize) mark(recvSide, f);
@@ -614,6 +632,9 @@ TEST(Plan, ExtentsCoverWhatTheStepsTouchOnEachSide) {
     EXPECT_EQ(plan.recvExtent.offset, *recvSide.begin()) << "rank " << r;
     EXPECT_EQ(plan.recvExtent.offset + plan.recvExtent.bytes, *recvSide.rbegin() + 1);
     EXPECT_EQ(plan.largestSend, largest);
+    ASSERT_FALSE(outSide.empty());
+    EXPECT_EQ(plan.outExtent.offset, blocks[static_cast<size_t>(r)].offset);
+    EXPECT_EQ(plan.outExtent.bytes, blocks[static_cast<size_t>(r)].bytes);
   }
   const Plan none(Schedule{});
   EXPECT_EQ(none.sendExtent.bytes, 0u);
