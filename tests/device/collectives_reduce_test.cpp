@@ -219,8 +219,9 @@ TEST(Collectives, ReduceScatterEveryTypeAndOp) {
 
 // The output inside the input: as this rank's own block (NCCL's in-place
 // form: the ring reads the input where it is and writes the block last), and
-// as another rank's block (the ring must not overwrite input it still sends:
-// it works on a copy).
+// as the next rank's block (the ring then works on a copy of the input: with
+// two ranks, the block it writes is the one it sends in the same step; a
+// race this test does not provoke reliably, so it checks the results).
 TEST(Collectives, ReduceScatterWithTheOutputInsideTheInput) {
   int c = 7000;
   for (DataType t : {DataType::Float32, DataType::Int64}) {
