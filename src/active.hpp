@@ -27,22 +27,6 @@ inline size_t messageCount(size_t bytes, size_t chunk) {
   return bytes == 0 ? 1 : (bytes + chunk - 1) / chunk;
 }
 
-// Memory an operation touches, as address intervals (empty: lo == hi).
-struct Span {
-  uintptr_t lo = 0;
-  uintptr_t hi = 0;
-  bool overlaps(const Span& o) const { return lo < o.hi && o.lo < hi; }
-  void cover(const uint8_t* base, size_t offset, size_t bytes) {
-    if (base == nullptr || bytes == 0) return;
-    uintptr_t from = reinterpret_cast<uintptr_t>(base) + offset, to = from + bytes;
-    if (lo == hi) {
-      lo = from, hi = to;
-    } else {
-      lo = std::min(lo, from), hi = std::max(hi, to);
-    }
-  }
-};
-
 struct Active {
   std::unique_ptr<Operation> op;
   // Collectives: what the operation reads and writes (send buffer, receive

@@ -273,11 +273,13 @@ std::shared_ptr<Work> VerbsBackend::_reduce_scatter_base(Tensor& output, Tensor&
   // first or the output lies inside the input other than as this rank's own
   // block (NCCL's in-place form): the ring's last receive writes the output
   // while other blocks of the input may still be read.
-  const auto at = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data); };
-  const bool apart = at(output) + output.bytes() <= at(input) ||
-                     at(input) + input.bytes() <= at(output) ||
-                     at(output) == at(input) + blocks[static_cast<size_t>(rank_)].offset;
-  const bool readInput = reduceOp != ReduceOp::PreMulSum && apart;
+  Span inputSpan, outputSpan;
+  inputSpan.cover(bytesOf(input), 0, input.bytes());
+  outputSpan.cover(bytesOf(output), 0, output.bytes());
+  const bool ownBlock =
+      bytesOf(output) == bytesOf(input) + blocks[static_cast<size_t>(rank_)].offset;
+  const bool readInput =
+      reduceOp != ReduceOp::PreMulSum && (!outputSpan.overlaps(inputSpan) || ownBlock);
   uint8_t* flat = s.planReduceScatter(*op, opts.algorithm, blocks, input.bytes(), output, reduceOp,
                                       readInput ? bytesOf(input) : nullptr);
   if (flat != nullptr) {

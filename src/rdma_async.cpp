@@ -100,8 +100,8 @@ void RdmaTransport::checkStalls() {
       // Only a signaled write owes a completion (unsignaled ones at the back
       // complete silently, e.g. the last ones to a peer that left since).
       const bool owed = lane.posted.size() > static_cast<size_t>(lane.unsignaledRun);
-      if (gap || !owed || lane.completions != lane.completionsAtMark ||
-          lane.mark == Clock::time_point{}) {
+      // (The first check is always a gap: every mark is set before it counts.)
+      if (gap || !owed || lane.completions != lane.completionsAtMark) {
         lane.completionsAtMark = lane.completions;
         lane.mark = now;
         continue;

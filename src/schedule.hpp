@@ -6,6 +6,7 @@
 // they have delivered: pipelined trees and chains); steps run in order.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -13,6 +14,23 @@
 #include "rdmacc/options.hpp"
 
 namespace rdmacc {
+
+// Memory an operation touches (its buffers), as address intervals (empty:
+// lo == hi).
+struct Span {
+  uintptr_t lo = 0;
+  uintptr_t hi = 0;
+  bool overlaps(const Span& o) const { return lo < o.hi && o.lo < hi; }
+  void cover(const uint8_t* base, size_t offset, size_t bytes) {
+    if (base == nullptr || bytes == 0) return;
+    uintptr_t from = reinterpret_cast<uintptr_t>(base) + offset, to = from + bytes;
+    if (lo == hi) {
+      lo = from, hi = to;
+    } else {
+      lo = std::min(lo, from), hi = std::max(hi, to);
+    }
+  }
+};
 
 struct Range {
   size_t offset = 0;

@@ -56,11 +56,9 @@ Schedule ringReduceScatter(int rank, int size, const std::vector<Range>& blocks,
 Schedule ringReduceScatterToOutput(int rank, int size, const std::vector<Range>& blocks,
                                    bool fromInput) {
   Schedule out = ringReduceScatter(rank, size, blocks, /*finalize=*/false);
-  for (size_t s = 0; s < out.size(); ++s) {
-    if (fromInput) {
-      for (SendSpec& send : out[s].sends) send.fromRecv = s > 0;  // step 0: the input's own block
-      for (RecvSpec& recv : out[s].recvs) recv.combine = Combine::ReduceWithSend;
-    }
+  for (size_t s = 0; fromInput && s < out.size(); ++s) {
+    for (SendSpec& send : out[s].sends) send.fromRecv = s > 0;  // step 0: the input's own block
+    for (RecvSpec& recv : out[s].recvs) recv.combine = Combine::ReduceWithSend;
   }
   if (!out.empty()) {  // the last receive brings block `rank`: into the output
     RecvSpec& last = out.back().recvs.at(0);
