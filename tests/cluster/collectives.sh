@@ -18,18 +18,19 @@ done
 # 2 of the last 5 runs stalled): an acknowledgement sometimes comes later than
 # that. At 19 (2.1 s) they retransmitted 0 times in 2 of 2 runs, so the
 # suite runs with 19, as the troubleshooting entry advises. A stall still
-# earns the step one more run, and only a stall; a second stall, or any
-# other failure, fails it.
+# ends the scenario with status 75 when nothing else failed, and
+# tests/cluster/on-fresh-bed runs it once more on a fresh bed (new VMs: the
+# kernel that stalled one connection tends to stall the next); a second
+# stall, or any other failure, fails it.
+stalls=0
 suite() {  # suite [env...]: the collective suite on every host; its output in $out
   local rc=0
   set -- RDMACC_IB_TIMEOUT=19 "$@"
   run_job --timeout 600s -- env "$@" "$BUILD/tests/rdmacc_collective_tests" > "$out" 2>&1 || rc=$?
   cat "$out"
   if ((rc != 0)) && grep -q "the connection to rank [0-9]* stalled" "$out"; then
-    echo "=== soft-RoCE stalled a connection (a kernel bug, not rdmacc's); its state, then the step once more"
-    device_state
-    rc=0; run_job --timeout 600s -- env "$@" "$BUILD/tests/rdmacc_collective_tests" > "$out" 2>&1 || rc=$?
-    cat "$out"
+    echo "=== soft-RoCE stalled a connection (a kernel bug, not rdmacc's); its state follows"
+    stalls=$((stalls + 1))
   fi
   return $rc
 }
@@ -42,4 +43,8 @@ if [[ ${RDMACC_CLUSTER_FULL:-0} == 1 ]]; then
   check "collective suite, every rank over RDMA" $rc
 fi
 rm -f "$out"
+if ((stalls > 0 && stalls == fails)); then
+  echo "=== $fails step(s) failed, each by a soft-RoCE stall only: status 75 (tests/cluster/on-fresh-bed runs it again)"
+  exit 75
+fi
 finish
