@@ -118,7 +118,8 @@ TEST(ShmTransport, ACorruptRingTailFailsTheGroupNamingThePeer) {
     }
   }
   ASSERT_TRUE(ranks[0] && ranks[1]);
-  auto allreduceOnBoth = [&](std::vector<std::string>& errors) {
+  // rank0First: rank 0's allreduce runs (and ends) before rank 1's starts.
+  auto allreduceOnBoth = [&](std::vector<std::string>& errors, bool rank0First = false) {
     std::vector<std::jthread> threads;
     for (int r = 0; r < 2; ++r) {
       threads.emplace_back([&, r] {
@@ -131,6 +132,7 @@ TEST(ShmTransport, ACorruptRingTailFailsTheGroupNamingThePeer) {
           errors[static_cast<size_t>(r)] = e.what();
         }
       });
+      if (rank0First) threads.back().join();
     }
   };
   std::vector<std::string> errors(2);
@@ -148,11 +150,24 @@ TEST(ShmTransport, ACorruptRingTailFailsTheGroupNamingThePeer) {
                                .slotBytes = head->slotBytes};
   // Rank 0's only local peer is rank 1: lane 0 of its segment is rank 1's.
   auto* ring = reinterpret_cast<shm::RingHead*>(segment + geometry.laneOffset(0));
-  const uint64_t bogus = ring->tail.load() + geometry.ringEntries + 7;
+  // Rank 1 publishes its own count (tail = ++its count): any message of its
+  // would overwrite a corrupt tail before rank 0 looked, and the corruption
+  // would never be seen. So the tail is corrupted only once it has stood
+  // still for 100 ms (the group is idle: rank 1 sends nothing until the
+  // next operation), and rank 0's allreduce runs, and fails, before rank 1's
+  // starts.
+  uint64_t tail = ring->tail.load();
+  for (;;) {
+    std::this_thread::sleep_for(100ms);
+    const uint64_t now = ring->tail.load();
+    if (now == tail) break;
+    tail = now;
+  }
+  const uint64_t bogus = tail + geometry.ringEntries + 7;
   ring->tail.store(bogus);
 
   const auto start = std::chrono::steady_clock::now();
-  allreduceOnBoth(errors);
+  allreduceOnBoth(errors, /*rank0First=*/true);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
   EXPECT_NE(errors[0].find(fmt::format("rank 1 sent a ring tail of {}", bogus)), std::string::npos)
       << errors[0];
