@@ -140,13 +140,8 @@ std::shared_ptr<Work> VerbsBackend::_allgather_base(Tensor& output, Tensor& inpu
   }
   auto op = s.collective(OpType::AllgatherBase, opts.timeout);
   // Every block is the input's size: block r at r x input bytes.
-  op->schedule = s.planFor(
-      Impl::Shape{
-          .type = OpType::AllgatherBase, .algorithm = opts.algorithm, .bytes = input.bytes()},
-      "", [&](Algorithm) {
-        return s.allgatherSchedule(opts.algorithm, uniformBlocks(input.bytes(), size_),
-                                   output.bytes());
-      });
+  op->schedule = s.allgatherPlan(Impl::Shape{
+      .type = OpType::AllgatherBase, .algorithm = opts.algorithm, .bytes = output.bytes()});
   op->sendBase = op->recvBase = bytesOf(output);
   op->copyIn = {.to = bytesOf(output) + static_cast<size_t>(rank_) * input.bytes(),
                 .from = bytesOf(input),
@@ -344,8 +339,7 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
   size_t es = elementSize(input.dtype);
   auto sendBlocks = blocksOf(inCounts, es);
   auto recvBlocks = blocksOf(outCounts, es);
-  op->schedule =
-      std::make_shared<const Plan>(s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks));
+  op->schedule = s.alltoallPlan(op->type, opts.algorithm, sendBlocks, recvBlocks);
   uint8_t* src = bytesOf(input);
   if (input.data == output.data && input.bytes() > 0) {  // in place: send from a copy
     uint8_t* copy = op->scratch.allocate(input.bytes(), s.scratchPool);
@@ -397,8 +391,7 @@ std::shared_ptr<Work> VerbsBackend::alltoall(std::vector<Tensor>& outputs,
   auto recvBlocks = blocksOf(outCounts, es);
   uint8_t* in = op->scratch.allocate(inTotal + outTotal, s.scratchPool);
   uint8_t* out = in + inTotal;
-  op->schedule =
-      std::make_shared<const Plan>(s.alltoallSchedule(opts.algorithm, sendBlocks, recvBlocks));
+  op->schedule = s.alltoallPlan(op->type, opts.algorithm, sendBlocks, recvBlocks);
   op->sendBase = in;
   op->recvBase = out;
   std::vector<Tensor> ins = inputs, outs = outputs;

@@ -105,6 +105,7 @@ struct VerbsBackend::Impl {
     size_t bytes = 0;
     size_t elementSize = 0;
     bool avg = false;
+    int variant = 0;  // a builder's own case (reduce_scatter: the ring reads the input in place)
     friend bool operator==(const Shape&, const Shape&) = default;
   };
   struct CachedPlan {
@@ -117,10 +118,9 @@ struct VerbsBackend::Impl {
   std::vector<CachedPlan> plans;
   uint64_t planUses = 0;
 
-  // The plan for `shape`: cached, or chosen (choose(), for `collective`;
-  // empty: the requested algorithm as it is) and built (build(algorithm)
-  // returns the Schedule). A request choose() refuses throws and is not
-  // cached, so it throws again on every call.
+  // The plan for `shape`: cached, or chosen (choose(), for `collective`)
+  // and built (build(algorithm) returns the Schedule). A request choose()
+  // refuses throws and is not cached, so it throws again on every call.
   template <typename Build>
   std::shared_ptr<const Plan> planFor(const Shape& shape, std::string_view collective,
                                       Build&& build) {
@@ -133,8 +133,7 @@ struct VerbsBackend::Impl {
         }
       }
     }
-    const Algorithm algo =
-        collective.empty() ? shape.algorithm : choose(shape.algorithm, collective, shape.bytes);
+    const Algorithm algo = choose(shape.algorithm, collective, shape.bytes);
     auto built = std::make_shared<const Plan>(build(algo), algo);
     std::lock_guard lock(plansMutex);
     if (plans.size() < kCachedPlans) {
@@ -172,15 +171,15 @@ struct VerbsBackend::Impl {
     return collective == "allreduce"   ? f.allreduce
            : collective == "broadcast" ? f.broadcast
            : collective == "reduce"    ? f.reduce
-                                       : f.barrier;
+           : collective == "barrier"   ? f.barrier
+                                       : Algorithm::Auto;
   }
 
-  // The call's choice, else RDMACC_ALGO_<OP> (validated by Config), else
-  // the tuning table (RDMACC_TUNE_FILE), else by topology and size:
-  // hierarchical when some host runs several ranks of a group that spans
-  // hosts, trees up to RDMACC_TREE_MAX_BYTES otherwise. `collective` is
-  // allreduce, broadcast, reduce or barrier; the choice must be one of its
-  // algorithms.
+  // The call's choice, else RDMACC_ALGO_<OP> (allreduce, broadcast, reduce,
+  // barrier; validated by Config), else the tuning table (RDMACC_TUNE_FILE:
+  // allreduce, broadcast, allgather), else automatic(). `collective` is one
+  // of algorithmsOf()'s names and `bytes` the size its automatic choice goes
+  // by; the choice must be one of its algorithms.
   Algorithm choose(Algorithm requested, std::string_view collective, size_t bytes) const {
     Algorithm algo = requested;
     if (algo == Algorithm::Auto) algo = forced(collective);
@@ -213,6 +212,18 @@ struct VerbsBackend::Impl {
   // ones the flat chain or tree already crosses each host boundary once, and
   // forwards one copy per rank (docs/performance.md, the hierarchical table).
   Algorithm automatic(std::string_view collective, size_t bytes) const {
+    // Latency-bound allgathers and reduce-scatters (by the gathered or whole
+    // size, the same on every rank) go to every rank at once, larger ones
+    // around the ring.
+    if (collective == "allgather" || collective == "reduce_scatter") {
+      return bytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
+    }
+    // Alltoall sizes may differ between ranks, so only the group decides:
+    // every pair at once in small groups, pairwise steps (no incast) in
+    // larger ones.
+    if (collective == "alltoall") {
+      return size <= kLinearAlltoallMaxRanks ? Algorithm::Linear : Algorithm::Pairwise;
+    }
     const bool topological = collective == "allreduce" || collective == "barrier";
     if (hosts.layered() && (topological || !hosts.contiguous())) return Algorithm::Hierarchical;
     if (collective == "barrier") return Algorithm::Dissemination;
@@ -225,21 +236,14 @@ struct VerbsBackend::Impl {
                : Algorithm::Tree;
   }
 
-  // Latency-bound allgathers (by the gathered size, the same on every rank)
-  // go to every rank at once; larger ones around the ring.
-  Schedule allgatherSchedule(Algorithm requested, const std::vector<Range>& blocks,
-                             size_t gatheredBytes) const {
-    Algorithm algo = requested;
-    if (algo == Algorithm::Auto) {
-      if (auto tuned = tuning.lookup("allgather", size, gatheredBytes)) {
-        algo = *tuned;
-      } else {
-        algo = gatheredBytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
-      }
-    }
-    if (algo == Algorithm::Ring) return algorithms::ringAllgather(rank, size, blocks);
-    if (algo == Algorithm::Linear) return algorithms::linearAllgather(rank, size, blocks);
-    invalid(fmt::format("allgather has no {} algorithm", toString(algo)), "use ring or linear");
+  // The allgather plan of equal blocks that add up to shape.bytes (the
+  // gathered size).
+  std::shared_ptr<const Plan> allgatherPlan(const Shape& shape) {
+    return planFor(shape, "allgather", [&](Algorithm algo) {
+      const auto blocks = uniformBlocks(shape.bytes / static_cast<size_t>(size), size);
+      return algo == Algorithm::Ring ? algorithms::ringAllgather(rank, size, blocks)
+                                     : algorithms::linearAllgather(rank, size, blocks);
+    });
   }
 
   // Reduce-scatter of every rank's whole input, laid out in `blocks` in the
@@ -249,17 +253,24 @@ struct VerbsBackend::Impl {
   // contributions in rank order (the same sums whatever arrives first).
   // With `input` (contiguous, laid out like `blocks`) the ring reads it where
   // it is and nullptr is returned: no prologue (ringReduceScatterToOutput).
+  // The blocks follow from op.type and totalBytes (even blocks of the
+  // elements, or of the bytes of the list form), so the plan is cached by them.
   uint8_t* planReduceScatter(Operation& op, Algorithm requested, const std::vector<Range>& blocks,
                              size_t totalBytes, const Tensor& out, ReduceOp reduceOp,
-                             const uint8_t* input = nullptr) const {
-    Algorithm algo = requested;
-    if (algo == Algorithm::Auto) {
-      algo = totalBytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
-    }
-    if (algo != Algorithm::Ring && algo != Algorithm::Linear) {
-      invalid(fmt::format("reduce_scatter has no {} algorithm", toString(algo)),
-              "use ring or linear");
-    }
+                             const uint8_t* input = nullptr) {
+    const bool fromInput = input != nullptr && size > 1;
+    op.schedule =
+        planFor(Shape{.type = op.type,
+                      .algorithm = requested,
+                      .bytes = totalBytes,
+                      .elementSize = elementSize(out.dtype),
+                      .variant = fromInput ? 1 : 0},
+                "reduce_scatter", [&](Algorithm algo) {
+                  return algo == Algorithm::Ring
+                             ? algorithms::ringReduceScatterToOutput(rank, size, blocks, fromInput)
+                             : algorithms::linearReduceScatter(rank, size, blocks);
+                });
+    const Algorithm algo = op.schedule->algorithm;
     const bool avg = reduceOp == ReduceOp::Avg;
     const Range mine = blocks[static_cast<size_t>(rank)];
     op.dtype = out.dtype;
@@ -269,9 +280,6 @@ struct VerbsBackend::Impl {
       // scratch holds the partial sums forwarded before it (and without
       // `input`, the packed inputs).
       uint8_t* flat = op.scratch.allocate(totalBytes, scratchPool);
-      const bool fromInput = input != nullptr && size > 1;
-      op.schedule = std::make_shared<const Plan>(
-          algorithms::ringReduceScatterToOutput(rank, size, blocks, fromInput));
       op.sendBase = fromInput ? const_cast<uint8_t*>(input) : flat;
       op.recvBase = flat;
       op.outBase = static_cast<uint8_t*>(out.data);
@@ -289,7 +297,6 @@ struct VerbsBackend::Impl {
     uint8_t* flat =
         op.scratch.allocate(totalBytes + static_cast<size_t>(size - 1) * mine.bytes, scratchPool);
     uint8_t* gathered = flat + totalBytes;
-    op.schedule = std::make_shared<const Plan>(algorithms::linearReduceScatter(rank, size, blocks));
     op.sendBase = flat;
     op.recvBase = gathered;
     op.epilogue = [flat, gathered, out, mine, me = rank, n = size, reduceOp, avg] {
@@ -310,21 +317,30 @@ struct VerbsBackend::Impl {
     return flat;
   }
 
-  // Sizes may differ between ranks, so only the group decides: every pair at
-  // once in small groups, pairwise steps (no incast) in larger ones.
-  Schedule alltoallSchedule(Algorithm requested, const std::vector<Range>& sendBlocks,
-                            const std::vector<Range>& recvBlocks) const {
-    Algorithm algo = requested;
-    if (algo == Algorithm::Auto) {
-      algo = size <= kLinearAlltoallMaxRanks ? Algorithm::Linear : Algorithm::Pairwise;
+  // Cached when every block has one size (no splits, or even ones): the
+  // blocks then follow from the total; uneven splits are chosen and built
+  // per call.
+  std::shared_ptr<const Plan> alltoallPlan(OpType type, Algorithm requested,
+                                           const std::vector<Range>& sendBlocks,
+                                           const std::vector<Range>& recvBlocks) {
+    auto build = [&](Algorithm algo) {
+      return algo == Algorithm::Pairwise
+                 ? algorithms::pairwiseAlltoall(rank, size, sendBlocks, recvBlocks)
+                 : algorithms::linearAlltoall(rank, size, sendBlocks, recvBlocks);
+    };
+    auto even = [](const std::vector<Range>& blocks) {
+      return std::all_of(blocks.begin(), blocks.end(),
+                         [&](const Range& b) { return b.bytes == blocks.front().bytes; });
+    };
+    if (!sendBlocks.empty() && even(sendBlocks) && even(recvBlocks) &&
+        sendBlocks.front().bytes == recvBlocks.front().bytes) {
+      return planFor(Shape{.type = type,
+                           .algorithm = requested,
+                           .bytes = sendBlocks.front().bytes * sendBlocks.size()},
+                     "alltoall", build);
     }
-    if (algo == Algorithm::Pairwise) {
-      return algorithms::pairwiseAlltoall(rank, size, sendBlocks, recvBlocks);
-    }
-    if (algo == Algorithm::Linear) {
-      return algorithms::linearAlltoall(rank, size, sendBlocks, recvBlocks);
-    }
-    invalid(fmt::format("alltoall has no {} algorithm", toString(algo)), "use pairwise or linear");
+    const Algorithm algo = choose(requested, "alltoall", 0);
+    return std::make_shared<const Plan>(build(algo), algo);
   }
 
   std::shared_ptr<Work> submit(std::unique_ptr<Operation> op) {
@@ -398,8 +414,8 @@ struct VerbsBackend::Impl {
     }
     auto op = collective(type, opts.timeout);
     uint8_t* flat = op->scratch.allocate(perRank * static_cast<size_t>(size), scratchPool);
-    op->schedule = std::make_shared<const Plan>(allgatherSchedule(
-        opts.algorithm, uniformBlocks(perRank, size), perRank * static_cast<size_t>(size)));
+    op->schedule = allgatherPlan(Shape{
+        .type = type, .algorithm = opts.algorithm, .bytes = perRank * static_cast<size_t>(size)});
     op->sendBase = op->recvBase = flat;
     std::vector<Tensor> ins = inputs;
     std::vector<std::vector<Tensor>> outs = outputLists;

@@ -238,6 +238,28 @@ TEST(Collectives, InvalidCallsThrowOnEveryRankBeforeAnyDataMoves) {
                 "allreduce has no linear algorithm");
   expectInvalid([&] { gBackend->reduce(tf, ReduceOptions{.algorithm = Algorithm::Ring}); },
                 "reduce has no ring algorithm");
+  {  // the same check for the collectives whose builders used to choose themselves
+    Buffer whole(DataType::Float32, 4 * static_cast<size_t>(N));
+    Tensor part = f.tensor(), all = whole.tensor();
+    expectInvalid(
+        [&] {
+          gBackend->_allgather_base(all, part, AllgatherOptions{.algorithm = Algorithm::Tree});
+        },
+        "allgather has no tree algorithm");
+    expectInvalid(
+        [&] {
+          gBackend->_reduce_scatter_base(part, all,
+                                         ReduceScatterOptions{.algorithm = Algorithm::Pairwise});
+        },
+        "reduce_scatter has no pairwise algorithm");
+    std::vector<int64_t> even;
+    expectInvalid(
+        [&] {
+          gBackend->alltoall_base(all, all, even, even,
+                                  AllToAllOptions{.algorithm = Algorithm::Ring});
+        },
+        "alltoall has no ring algorithm");
+  }
   if (N > 1 && (N & (N - 1)) != 0) {
     expectInvalid(
         [&] {
