@@ -122,8 +122,10 @@ void RdmaTransport::checkStalls() {
               .peerRank = rank,
               .peerAddress = mesh_.peerAddress(rank),
               .hint = "the device lost the connection's state; seen with soft-RoCE (rdma_rxe) "
-                      "after retransmissions on an overloaded host: a newer kernel, fewer ranks "
-                      "per CPU or a larger RDMACC_IB_TIMEOUT (fewer retransmissions) avoid it"}));
+                      "after retransmissions on an overloaded host, whose acknowledgements can "
+                      "take longer than the ACK timeout: a larger RDMACC_IB_TIMEOUT (19 = 2.1 s "
+                      "ended them on the project's test bed), fewer ranks per CPU or a newer "
+                      "kernel avoid it (docs/troubleshooting.md)"}));
     }
   }
 }
