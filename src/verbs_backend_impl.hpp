@@ -318,8 +318,9 @@ struct VerbsBackend::Impl {
   }
 
   // Cached when every block has one size (no splits, or even ones): the
-  // blocks then follow from the total; uneven splits are chosen and built
-  // per call.
+  // blocks then follow from the total (the callers checked that this rank's
+  // own block is as large sent as received, so then all are); uneven splits
+  // are chosen and built per call.
   std::shared_ptr<const Plan> alltoallPlan(OpType type, Algorithm requested,
                                            const std::vector<Range>& sendBlocks,
                                            const std::vector<Range>& recvBlocks) {
@@ -332,8 +333,7 @@ struct VerbsBackend::Impl {
       return std::all_of(blocks.begin(), blocks.end(),
                          [&](const Range& b) { return b.bytes == blocks.front().bytes; });
     };
-    if (!sendBlocks.empty() && even(sendBlocks) && even(recvBlocks) &&
-        sendBlocks.front().bytes == recvBlocks.front().bytes) {
+    if (!sendBlocks.empty() && even(sendBlocks) && even(recvBlocks)) {
       return planFor(Shape{.type = type,
                            .algorithm = requested,
                            .bytes = sendBlocks.front().bytes * sendBlocks.size()},

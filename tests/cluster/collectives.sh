@@ -12,12 +12,8 @@ done
 # Soft-RoCE on Debian 12's kernel (6.1) can stall a connection for good
 # after retransmissions on this overloaded bed (docs/troubleshooting.md, "the
 # connection to rank N stalled"): rdmacc fails the step in seconds, naming
-# it. On this bed (3 one-vCPU VMs on the machine's 2 CPUs, 6 ranks) nothing
-# is lost on the wire, yet with the default ACK timeout (17: 537 ms) the
-# devices retransmitted 24 to 116 times per run (rxe's completer_retry_err;
-# 2 of the last 5 runs stalled): an acknowledgement sometimes comes later than
-# that. At 19 (2.1 s) they retransmitted 0 times in 2 of 2 runs, so the
-# suite runs with 19, as the troubleshooting entry advises. A stall still
+# it. The suite runs with the bed's ACK timeout (lib.sh: BED_ACK_TIMEOUT),
+# which ended the retransmissions that lead to it. A stall still
 # ends the scenario with status 75 when nothing else failed, and
 # tests/cluster/on-fresh-bed runs it once more on a fresh bed (new VMs: the
 # kernel that stalled one connection tends to stall the next); a second
@@ -25,7 +21,7 @@ done
 stalls=0
 suite() {  # suite [env...]: the collective suite on every host; its output in $out
   local rc=0
-  set -- RDMACC_IB_TIMEOUT=19 "$@"
+  set -- "$BED_ACK_TIMEOUT" "$@"
   run_job --timeout 600s -- env "$@" "$BUILD/tests/rdmacc_collective_tests" > "$out" 2>&1 || rc=$?
   cat "$out"
   if ((rc != 0)) && grep -q "the connection to rank [0-9]* stalled" "$out"; then
