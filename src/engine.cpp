@@ -7,6 +7,7 @@
 
 #include "rdmacc/error.hpp"
 #include "src/engine_impl.hpp"
+#include "src/event_trace.hpp"
 
 namespace rdmacc {
 
@@ -72,6 +73,7 @@ bool Engine::Impl::advance() {
   while (!broken && !collectives.empty() && collectives.front()->finished) {
     Active& a = *collectives.front();
     matching.finished(static_cast<uint32_t>(a.op->sequence));
+    traceStage(options.trace, EventTrace::Stage::Finish, false, a.op->sequence);
     a.op->work->finish(nullptr);
     pool.give(std::move(collectives.front()));
     collectives.pop_front();
@@ -144,6 +146,8 @@ std::shared_ptr<Work> Engine::submit(std::unique_ptr<Operation> op) {
       work->finish(std::make_exception_ptr(Error(std::move(info))));
       return work;
     }
+    traceStage(impl_->options.trace, EventTrace::Stage::Submit, op->pointToPoint,
+               op->pointToPoint ? op->tag : op->sequence);
     impl_->intake.push_back(std::move(op));
     impl_->loop.markPending();
   }

@@ -31,6 +31,7 @@
 
 namespace rdmacc {
 
+class EventTrace;
 class Mesh;
 class RegistrationCache;
 
@@ -143,6 +144,9 @@ struct EngineOptions {
   // host fails the operation within the retry budget instead of its
   // timeout. 0: never.
   std::chrono::milliseconds keepalive{1000};
+  // RDMACC_TRACE_EVENTS: every operation's stages are recorded here (it
+  // outlives the engine). Null: not traced.
+  EventTrace* trace = nullptr;
 };
 
 // Threading: submit() and abort() from any thread; everything else belongs to

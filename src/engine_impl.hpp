@@ -19,6 +19,7 @@
 #include "src/active.hpp"
 #include "src/blame.hpp"
 #include "src/composite_transport.hpp"
+#include "src/event_trace.hpp"
 #include "src/executor.hpp"
 #include "src/matching.hpp"
 #include "src/mesh.hpp"
@@ -162,6 +163,8 @@ struct Engine::Impl final : TransportSink, Steppable {
     } else if (in.header.kind == wire::MessageKind::Stuck) {
       onStuck(peer, in);
     } else {
+      traceStage(options.trace, EventTrace::Stage::Arrival,
+                 in.header.kind == wire::MessageKind::PointToPoint, in.header.sequence, peer);
       matching.arrived(peer, in);
     }
   }

@@ -7,6 +7,7 @@
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "src/event_trace.hpp"
 #include "src/peer_errors.hpp"
 #include "src/reduce.hpp"
 #include "src/registration_cache.hpp"
@@ -125,6 +126,7 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
       }
     }
     a.started = true;
+    traceStage(options_.trace, EventTrace::Stage::Start, false, op.sequence);
     a.deadline = std::chrono::steady_clock::now() + op.timeout;
     if (logEnabled(LogLevel::Trace))
       log(LogLevel::Trace, "start {} ({} steps)", op.description(), op.steps().size());
@@ -171,10 +173,12 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
                  .chunk = static_cast<uint32_t>(a.sentMessages[i]),
                  .check = op.checkValue};
         const uint8_t* base = send.fromRecv ? op.recvBase : op.sendBase;
+        const int64_t posting = traceClock(options_.trace);
         if (!transport_.trySend(send.peer, h, base + send.range.offset + a.sent[i], a.zeroCopy,
                                 matching_.directTarget(expected, send.peer, a.sent[i], payload))) {
           break;
         }
+        tracePost(options_.trace, false, op.sequence, send.peer, posting);
         a.sent[i] += payload;
         ++a.sentMessages[i];
         progress = true;
@@ -200,6 +204,7 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
   if (!a.zeroCopy->ranges.empty()) return progress;
   if (op.epilogue) op.epilogue();
   a.finished = true;
+  traceStage(options_.trace, EventTrace::Stage::Done, false, op.sequence);
   return true;
 }
 
@@ -265,7 +270,9 @@ bool Executor::advanceSend(Active& a) {
              .step = a.chunks,
              .payload = static_cast<uint32_t>(payload),
              .check = op.bytes};
+    const int64_t posting = traceClock(options_.trace);
     if (!transport_.trySend(op.peer, h, op.buffer + a.done, a.zeroCopy)) break;
+    tracePost(options_.trace, true, op.tag, op.peer, posting);
     a.done += payload;
     ++a.chunks;
     progress = true;
@@ -317,6 +324,7 @@ bool Executor::advancePointToPoint(std::vector<std::unique_ptr<Active>>& ops, Ac
         throw peerGone(op.peer, transport_.peerAddress(op.peer), transport_.departure(op.peer));
       }
       a.started = true;
+      traceStage(options_.trace, EventTrace::Stage::Start, true, op.tag, op.peer);
       a.deadline = std::chrono::steady_clock::now() + op.timeout;
       if (op.peer >= 0) a.source = op.peer;
     }
@@ -331,6 +339,7 @@ bool Executor::advancePointToPoint(std::vector<std::unique_ptr<Active>>& ops, Ac
       progress |= advanceRecv(a);
     }
     if (a.chunks == messages(op.bytes) && a.zeroCopy->ranges.empty()) {
+      traceStage(options_.trace, EventTrace::Stage::Finish, true, op.tag, a.source);
       op.work->finish(nullptr, a.source);
       pool.give(std::move(*it));
       it = ops.erase(it);

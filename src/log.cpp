@@ -35,29 +35,6 @@ std::atomic<LogLevel>& levelRef() noexcept {
   return level;
 }
 
-// RDMACC_LOG_FILE with %h (host name) and %p (pid) expanded; %% is a %.
-std::string expandLogPath(std::string_view pattern) {
-  std::string out;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] != '%' || i + 1 == pattern.size()) {
-      out += pattern[i];
-      continue;
-    }
-    const char c = pattern[++i];
-    if (c == 'h') {
-      out += hostName();
-    } else if (c == 'p') {
-      out += std::to_string(::getpid());
-    } else if (c == '%') {
-      out += '%';
-    } else {
-      out += '%';
-      out += c;
-    }
-  }
-  return out;
-}
-
 // Where lines go without a user sink: the file RDMACC_LOG_FILE names (opened
 // once, appended, close-on-exec), else stderr. A file that cannot be opened
 // is reported on stderr once, naming it and why, and lines stay on stderr.
@@ -65,7 +42,7 @@ int openLogFile() noexcept {
   const char* pattern = std::getenv("RDMACC_LOG_FILE");
   if (pattern == nullptr || *pattern == '\0') return STDERR_FILENO;
   try {
-    const std::string path = expandLogPath(pattern);
+    const std::string path = expandPathPattern(pattern);
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
     if (fd >= 0) return fd;
     std::string line =
@@ -91,6 +68,30 @@ SinkState& sinkState() {
 }
 
 }  // namespace
+
+std::string expandPathPattern(std::string_view pattern, int rank) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '%' || i + 1 == pattern.size()) {
+      out += pattern[i];
+      continue;
+    }
+    const char c = pattern[++i];
+    if (c == 'h') {
+      out += hostName();
+    } else if (c == 'p') {
+      out += std::to_string(::getpid());
+    } else if (c == 'r' && rank >= 0) {
+      out += std::to_string(rank);
+    } else if (c == '%') {
+      out += '%';
+    } else {
+      out += '%';
+      out += c;
+    }
+  }
+  return out;
+}
 
 LogLevel parseLogLevel(std::string_view text) {
   std::string lower(text);

@@ -3,11 +3,16 @@
 
 #include "rdmacc/environment.hpp"
 #include "rdmacc/version.hpp"
+#include "src/event_trace.hpp"
 #include "src/host_identity.hpp"
 #include "src/verbs_backend_impl.hpp"
 
 namespace rdmacc {
 namespace {
+
+// RDMACC_TRACE_EVENTS keeps this many events (24 MiB; ~6 per small
+// operation, so about 170,000 of them); later ones are counted, not kept.
+constexpr size_t kTraceCapacity = size_t{1} << 20;
 
 // RDMACC_SPIN_YIELD: auto yields when this host runs more of the group's ranks
 // than this process may use CPUs (each spinning rank would otherwise hold a
@@ -155,6 +160,9 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
       spinYield(s.config.getString("RDMACC_SPIN_YIELD"),
                 static_cast<int>(s.hosts.members[static_cast<size_t>(s.hosts.host(rank))].size()));
   const auto spins = spinTimes(s.config.getString("RDMACC_SPIN_US"), yield);
+  if (const std::string pattern = s.config.getString("RDMACC_TRACE_EVENTS"); !pattern.empty()) {
+    s.trace = std::make_unique<EventTrace>(expandPathPattern(pattern, rank), kTraceCapacity);
+  }
   std::vector<Mesh*> rails;
   for (const auto& mesh : s.rails) rails.push_back(mesh.get());
   s.engine = std::make_unique<Engine>(
@@ -176,7 +184,8 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES")),
           .shmSingleCopy = s.config.getBool("RDMACC_SHM_SINGLE_COPY"),
           .keepalive = std::chrono::duration_cast<std::chrono::milliseconds>(
-              s.config.getDuration("RDMACC_KEEPALIVE_INTERVAL"))});
+              s.config.getDuration("RDMACC_KEEPALIVE_INTERVAL")),
+          .trace = s.trace.get()});
 }
 
 VerbsBackend::~VerbsBackend() = default;

@@ -20,6 +20,7 @@
 #include "src/algorithms/algorithms.hpp"
 #include "src/arguments.hpp"
 #include "src/engine.hpp"
+#include "src/event_trace.hpp"
 #include "src/mesh.hpp"
 #include "src/reduce.hpp"
 #include "src/registration_cache.hpp"
@@ -90,7 +91,8 @@ struct VerbsBackend::Impl {
   // Operations' large scratch buffers, kept for the next ones
   // (RDMACC_SCRATCH_CACHE_BYTES); shared with the operations that hold one.
   std::shared_ptr<ScratchPool> scratchPool;
-  std::unique_ptr<Engine> engine;  // after both: stopped first
+  std::unique_ptr<EventTrace> trace;  // RDMACC_TRACE_EVENTS; outlives the engine, which records
+  std::unique_ptr<Engine> engine;     // after all of these: stopped first
   uint32_t monitoredBarriers = 0;
 
   // A plan (the algorithm chosen and its schedule) depends only on the

@@ -32,6 +32,10 @@ void setLogSink(std::function<void(LogLevel, std::string_view)> sink);
 
 void logMessage(LogLevel level, std::string_view message) noexcept;
 
+// A file name pattern as RDMACC_LOG_FILE and RDMACC_TRACE_EVENTS take it:
+// %h the host name, %p the process id, %r the rank (when rank >= 0), %% a %.
+std::string expandPathPattern(std::string_view pattern, int rank = -1);
+
 template <typename... Args>
 void log(LogLevel level, fmt::format_string<Args...> format, Args&&... args) noexcept {
   if (!logEnabled(level)) return;
