@@ -128,6 +128,11 @@ struct EngineOptions {
   // The same while the oldest operation is latency-bound (each of its
   // messages fits one slot): waits are short, a wake-up from sleep costs more.
   std::chrono::microseconds spinLatencyBound{50};
+  // The same for a caller blocked in wait() (a driver) on latency-bound
+  // work: its thread has nothing else to do, and a peer that is late by more
+  // than the engine thread's spin (a post that took long, a rank descheduled
+  // for a moment) would otherwise cost it a sleep and a wake-up.
+  std::chrono::microseconds spinWaitLatencyBound{50};
   // sched_yield() between polls while spinning: with more ranks than CPUs the
   // rank being waited for gets the CPU instead of waiting for a time slice.
   bool spinYield = false;

@@ -28,6 +28,7 @@ Progress::Progress(Transport& transport, Steppable& engine, const EngineOptions&
       engine_(engine),
       spin_(options.spin),
       spinLatencyBound_(options.spinLatencyBound),
+      spinWaitLatencyBound_(options.spinWaitLatencyBound),
       spinYield_(options.spinYield),
       wakeFd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (!wakeFd_) {
@@ -114,10 +115,14 @@ void Progress::waitForEvents(bool events, std::optional<std::chrono::microsecond
 
 // Polling while things move or for the spin time, then sleeping on the
 // completion channel (with pending work, deadlines are checked at least every
-// kSleepSlice).
+// kSleepSlice). The caller's longer spin (driverSpinTime) covers a peer that
+// is a little late; once a wait outlasted it and slept, the peer is slow
+// (a straggler), and until something moves again the engine thread's spin
+// applies between sleeps, so a long wait costs little CPU.
 void Progress::drive(const Work& work, Clock::time_point until) {
   drivers_.fetch_add(1);
   auto lastProgress = Clock::now();
+  bool slept = false;
   bool completed = false;
   while (!(completed = work.isCompleted())) {
     bool progress = false;
@@ -132,11 +137,13 @@ void Progress::drive(const Work& work, Clock::time_point until) {
     if (now >= until) break;
     if (progress) {
       lastProgress = now;
-    } else if (now - lastProgress > spinTime()) {
+      slept = false;
+    } else if (now - lastProgress > (slept ? spinTime() : driverSpinTime())) {
       sleep(std::chrono::duration_cast<std::chrono::microseconds>(
                 std::min<Clock::duration>(until - now, kSleepSlice)),
             /*mayIdle=*/false);
       lastProgress = Clock::now();
+      slept = true;
     } else if (spinYield_) {
       sched_yield();
     }
@@ -148,6 +155,10 @@ void Progress::drive(const Work& work, Clock::time_point until) {
 
 std::chrono::microseconds Progress::spinTime() const {
   return latencyBound_.load(std::memory_order_relaxed) ? spinLatencyBound_ : spin_;
+}
+
+std::chrono::microseconds Progress::driverSpinTime() const {
+  return latencyBound_.load(std::memory_order_relaxed) ? spinWaitLatencyBound_ : spin_;
 }
 
 // How long the engine thread stays out of the way of drivers.

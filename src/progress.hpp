@@ -78,12 +78,14 @@ class Progress {
   void sleep(std::chrono::microseconds maxWait, bool mayIdle);
   void waitForEvents(bool events, std::optional<std::chrono::microseconds> limit);
   std::chrono::microseconds spinTime() const;
+  std::chrono::microseconds driverSpinTime() const;
   std::chrono::microseconds driverPause() const;
 
   Transport& transport_;
   Steppable& engine_;
   std::chrono::microseconds spin_;
   std::chrono::microseconds spinLatencyBound_;
+  std::chrono::microseconds spinWaitLatencyBound_;
   bool spinYield_;
   net::Fd wakeFd_;
   std::atomic<bool> pending_{false};

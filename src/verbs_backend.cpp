@@ -39,14 +39,16 @@ bool spinYield(const std::string& setting, int local) {
 // VM (4 ranks, 2 vCPUs, A/B 1 ms vs 50 us, 3 rounds): 8-byte allreduce
 // 425-644 vs 648-1160 us, broadcast 162-220 vs 554-786 us; 16 MiB allreduce
 // busbw 0.043-0.049 vs 0.044-0.052 GB/s.
-std::pair<std::chrono::microseconds, std::chrono::microseconds> spinTimes(
-    const std::string& setting, bool yield) {
+struct SpinTimes {
+  std::chrono::microseconds spin, latencyBound, waitLatencyBound;
+};
+SpinTimes spinTimes(const std::string& setting, bool yield) {
   using std::chrono::microseconds;
   if (setting != "auto") {
     microseconds us(std::stoll(setting));
-    return {us, us};
+    return {us, us, us};
   }
-  return {microseconds(50), microseconds(yield ? 1000 : 50)};
+  return {microseconds(50), microseconds(yield ? 1000 : 50), microseconds(1000)};
 }
 
 // One line per rank at info level: what a cluster log needs to tell ranks,
@@ -176,8 +178,9 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .slotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SLOT_BYTES")),
           .collectivesInFlight =
               static_cast<size_t>(s.config.getInt("RDMACC_COLLECTIVES_IN_FLIGHT")),
-          .spin = spins.first,
-          .spinLatencyBound = spins.second,
+          .spin = spins.spin,
+          .spinLatencyBound = spins.latencyBound,
+          .spinWaitLatencyBound = spins.waitLatencyBound,
           .spinYield = yield,
           // Zero-copy sends from registered memory exist on RDMA only.
           .registrations = s.rails.empty() ? nullptr : s.registrations.get(),
