@@ -341,19 +341,28 @@ std::shared_ptr<Work> VerbsBackend::alltoall_base(Tensor& output, Tensor& input,
   auto recvBlocks = blocksOf(outCounts, es);
   op->schedule = s.alltoallPlan(op->type, opts.algorithm, sendBlocks, recvBlocks);
   uint8_t* src = bytesOf(input);
-  if (input.data == output.data && input.bytes() > 0) {  // in place: send from a copy
+  uint8_t* dst = bytesOf(output);
+  const Range self = sendBlocks[static_cast<size_t>(rank_)];
+  const Range selfOut = recvBlocks[static_cast<size_t>(rank_)];
+  if (input.data == output.data && input.bytes() > 0) {
+    // In place: the sends read a copy of the input, made when the operation
+    // starts (after the operations before it wrote the tensor, as on a
+    // stream; made here, it sent what the tensor held before them), and
+    // this rank's own block then moves from the copy to its place.
     uint8_t* copy = op->scratch.allocate(input.bytes(), s.scratchPool);
-    std::memcpy(copy, src, input.bytes());
+    op->copyIn = {.to = copy, .from = src, .bytes = input.bytes()};
     src = copy;
+    op->prologue = [src, dst, self, selfOut] {
+      if (self.bytes > 0) std::memmove(dst + selfOut.offset, src + self.offset, self.bytes);
+    };
+  } else {
+    // This rank's own block, copied when the operation starts (no prologue:
+    // the engine sees the memory it touches and may run it alongside
+    // independent collectives).
+    op->copyIn = {.to = dst + selfOut.offset, .from = src + self.offset, .bytes = self.bytes};
   }
   op->sendBase = src;
-  op->recvBase = bytesOf(output);
-  Range self = sendBlocks[static_cast<size_t>(rank_)];
-  Range selfOut = recvBlocks[static_cast<size_t>(rank_)];
-  uint8_t* dst = bytesOf(output);
-  op->prologue = [src, dst, self, selfOut] {
-    if (self.bytes > 0) std::memmove(dst + selfOut.offset, src + self.offset, self.bytes);
-  };
+  op->recvBase = dst;
   op->checkValue = checkValue(0, static_cast<uint64_t>(input.dtype));
   op->describe("{} -> {} x {}", input.numel, output.numel, toString(input.dtype));
   return s.submit(std::move(op));

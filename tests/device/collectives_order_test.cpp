@@ -210,6 +210,36 @@ TEST(Collectives, IndependentCollectivesOverlapDependentOnesKeepTheirOrder) {
       << fmt::format("{}", fmt::join(order, " "));
 }
 
+// An in-place alltoall_base issued while an allreduce on the same tensor
+// still runs must send the allreduce's result, as a stream would: its copy
+// of the input is made when it starts, not when it is called. (It was made
+// at the call, so the peers received the tensor as it was before the
+// allreduce.) Large enough that the allreduce is still running when the
+// alltoall is submitted.
+TEST(Collectives, AnInPlaceAlltoallSendsTheResultOfTheAllreduceBeforeIt) {
+  const size_t block = 131072;  // elements per rank's block
+  const size_t n = static_cast<size_t>(N);
+  std::vector<float> x(block * n);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(R * 100) + static_cast<float>(i);
+  std::vector<Tensor> t{Tensor{x.data(), x.size(), DataType::Float32}};
+  auto summed = gBackend->allreduce(t);
+  Tensor all{x.data(), x.size(), DataType::Float32};
+  std::vector<int64_t> even;
+  auto exchanged = gBackend->alltoall_base(all, all, even, even);
+  summed->wait();
+  exchanged->wait();
+  // After the allreduce every rank holds s[i] = 100 N(N-1)/2 + N i; block r
+  // of this rank's output is block R of rank r's s, the same on every rank.
+  const float base = 100.0f * static_cast<float>(N * (N - 1) / 2);
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t j = 0; j < block; ++j) {
+      const size_t i = static_cast<size_t>(R) * block + j;
+      ASSERT_EQ(x[r * block + j], base + static_cast<float>(n * i))
+          << "element " << j << " of the block from rank " << r;
+    }
+  }
+}
+
 // ------------------------------------------------------------ bad input --
 
 TEST(Collectives, InvalidCallsThrowOnEveryRankBeforeAnyDataMoves) {
