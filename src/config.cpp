@@ -95,8 +95,9 @@ constexpr std::array kOptions = {
     "how long the progress thread, or a caller in wait(), busy-polls without progress before it "
     "sleeps on the completion channel (0 to 10000000); auto: 50, and 1000 while the oldest operation is "
     "latency-bound (each message fits one slot) for a caller blocked in wait() (its thread has nothing "
-    "else to do; after a first sleep it spins 50 again), and for the progress thread too while spinning "
-    "yields the CPU (RDMACC_SPIN_YIELD): then a wake-up from sleep costs more than a longer spin", 0, 0},
+    "else to do; past 50 it yields the CPU between polls, and after a first sleep it spins 50 again), "
+    "and for the progress thread too while spinning yields the CPU (RDMACC_SPIN_YIELD): then a wake-up "
+    "from sleep costs more than a longer spin", 0, 0},
   OptionSpec{"RDMACC_SPIN_YIELD", String, "auto", "",
     "give the CPU away (sched_yield) between polls while spinning: 1, 0, or auto (when this host runs "
     "more ranks of the group than the process may use CPUs, as Open MPI's yield_when_idle)", 0, 0},
