@@ -64,11 +64,11 @@ void EventTrace::put(Stage stage, bool pointToPoint, uint64_t sequence, int peer
                      .thread = thread};
 }
 
-bool EventTrace::write() const {
+void EventTrace::write() const noexcept {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path_.c_str(), "w"), &std::fclose);
   if (!f) {
     log(LogLevel::Error, "RDMACC_TRACE_EVENTS: cannot write {}: {}", path_, std::strerror(errno));
-    return false;
+    return;
   }
   const size_t total = next_.load();
   const size_t kept = std::min(total, events_.size());
@@ -85,9 +85,7 @@ bool EventTrace::write() const {
   }
   if (std::fflush(f.get()) != 0) {
     log(LogLevel::Error, "RDMACC_TRACE_EVENTS: writing {} failed: {}", path_, std::strerror(errno));
-    return false;
   }
-  return true;
 }
 
 }  // namespace rdmacc

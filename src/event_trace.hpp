@@ -1,10 +1,11 @@
 // When each stage of every operation happened (RDMACC_TRACE_EVENTS): the
 // caller submitted it, the engine started it, each of its messages went to
 // the transport (the post, from call to return) and each arrived, its last
-// step was done, and its Work finished (the waiter told). Written to a file when the backend goes
-// away and summarised by tools/trace-stages (time per stage, per operation, over many operations:
-// where a small operation's time goes). Off by default; then each stage
-// costs one test of a null pointer.
+// step was done, and its Work finished (the waiter told). Written to a file
+// when the backend goes away and summarised by tools/trace-stages (time per
+// stage, per operation, over many operations: where a small operation's
+// time goes). Off by default; then each stage costs one test of a null
+// pointer.
 #pragma once
 
 #include <atomic>
@@ -22,7 +23,8 @@ class EventTrace {
   static std::string_view name(Stage stage) noexcept;
 
   // Keeps the first `capacity` events (the rest are counted, not kept) and
-  // writes them to `path` when destroyed.
+  // writes them to `path` when destroyed (when nothing records any more: the
+  // backend destroys it after its engine), or logs why it cannot.
   EventTrace(std::string path, size_t capacity);
   ~EventTrace();
   EventTrace(const EventTrace&) = delete;
@@ -41,12 +43,8 @@ class EventTrace {
         .count();
   }
 
-  // Writes the file now (also done by the destructor); false, with the
-  // reason logged, when it cannot.
-  bool write() const;
-  const std::string& path() const noexcept { return path_; }
-
  private:
+  void write() const noexcept;
   void put(Stage stage, bool pointToPoint, uint64_t sequence, int peer, int64_t ns) noexcept;
   struct Event {
     int64_t ns;  // steady clock

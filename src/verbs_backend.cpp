@@ -10,8 +10,8 @@
 namespace rdmacc {
 namespace {
 
-// RDMACC_TRACE_EVENTS keeps this many events (24 MiB; ~6 per small
-// operation, so about 170,000 of them); later ones are counted, not kept.
+// RDMACC_TRACE_EVENTS keeps this many events (24 MiB; 7 per small
+// operation, so about 150,000 of them); later ones are counted, not kept.
 constexpr size_t kTraceCapacity = size_t{1} << 20;
 
 // RDMACC_SPIN_YIELD: auto yields when this host runs more of the group's ranks
@@ -30,8 +30,11 @@ bool spinYield(const std::string& setting, int local) {
   return yield;
 }
 
-// RDMACC_SPIN_US (validated by Config): {bandwidth-bound, latency-bound}
-// spin. auto: 50 us, and 1 ms for latency-bound work when spinning yields
+// RDMACC_SPIN_US (validated by Config): the spins for bandwidth-bound and
+// latency-bound work, and for a caller blocked in wait() on latency-bound
+// work (1 ms with auto: its thread has nothing else to do; Progress::drive
+// yields between its polls past the first spin). auto: 50 us, and 1 ms for
+// latency-bound work when spinning yields
 // (more ranks than CPUs): a sleeping rank needs an interrupt and a
 // reschedule to wake, while a yielding spinner hands its CPU to the rank it
 // waits for anyway; for large transfers the spinner's polls take CPU from
