@@ -1,5 +1,8 @@
 #include "src/event_trace.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -65,8 +68,12 @@ void EventTrace::put(Stage stage, bool pointToPoint, uint64_t sequence, int peer
 }
 
 void EventTrace::write() const noexcept {
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path_.c_str(), "w"), &std::fclose);
+  // Not through a symbolic link (a name in /tmp another user planted), and
+  // readable by this user's group at most, as RDMACC_LOG_FILE's.
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+  std::unique_ptr<FILE, int (*)(FILE*)> f(fd >= 0 ? ::fdopen(fd, "w") : nullptr, &std::fclose);
   if (!f) {
+    if (fd >= 0) ::close(fd);
     log(LogLevel::Error, "RDMACC_TRACE_EVENTS: cannot write {}: {}", path_, std::strerror(errno));
     return;
   }

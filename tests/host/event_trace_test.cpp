@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "rdmacc/backend.hpp"
 #include "rdmacc/log.hpp"
 #include "rdmacc/store.hpp"
@@ -164,6 +166,31 @@ TEST(EventTrace, AFileThatCannotBeWrittenIsReportedAndNothingElseFails) {
               std::string::npos)
         << e;
   }
+}
+
+// A name someone else planted as a symbolic link (in /tmp, say) is not
+// followed: the file it points to is neither created nor overwritten.
+TEST(EventTrace, ASymbolicLinkIsNotFollowed) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("rdmacc-trace-link-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (int r = 0; r < 2; ++r) {
+    std::filesystem::create_symlink(dir / fmt::format("victim.{}", r),
+                                    dir / fmt::format("trace.{}.csv", r));
+  }
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  setLogSink([&](LogLevel level, std::string_view line) {
+    std::lock_guard lock(mutex);
+    if (level == LogLevel::Error) errors.emplace_back(line);
+  });
+  onTwoRanks("linked", {{"RDMACC_TRACE_EVENTS", (dir / "trace.%r.csv").string()}},
+             [](VerbsBackend& backend, int) { backend.barrier()->wait(); });
+  setLogSink(nullptr);
+  EXPECT_EQ(errors.size(), 2u);
+  EXPECT_FALSE(std::filesystem::exists(dir / "victim.0"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "victim.1"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(EventTrace, PathPatternsNameTheRankHostAndProcess) {
