@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -149,17 +150,25 @@ TEST(EventTrace, RecordsEveryStageOfEveryOperationInOrderPerRank) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(EventTrace, AFileThatCannotBeWrittenIsReportedAndNothingElseFails) {
+// The error lines logged while `body` runs (from any thread).
+std::vector<std::string> errorsLoggedBy(const std::function<void()>& body) {
   std::mutex mutex;
   std::vector<std::string> errors;
   setLogSink([&](LogLevel level, std::string_view line) {
     std::lock_guard lock(mutex);
     if (level == LogLevel::Error) errors.emplace_back(line);
   });
-  const std::string path = "/nonexistent-rdmacc-dir/trace.%r.csv";
-  EXPECT_NO_THROW(onTwoRanks("untraceable", {{"RDMACC_TRACE_EVENTS", path}},
-                             [](VerbsBackend& backend, int) { backend.barrier()->wait(); }));
+  body();
   setLogSink(nullptr);
+  return errors;
+}
+
+TEST(EventTrace, AFileThatCannotBeWrittenIsReportedAndNothingElseFails) {
+  const std::string path = "/nonexistent-rdmacc-dir/trace.%r.csv";
+  const std::vector<std::string> errors = errorsLoggedBy([&] {
+    EXPECT_NO_THROW(onTwoRanks("untraceable", {{"RDMACC_TRACE_EVENTS", path}},
+                               [](VerbsBackend& backend, int) { backend.barrier()->wait(); }));
+  });
   ASSERT_EQ(errors.size(), 2u);
   for (const std::string& e : errors) {
     EXPECT_NE(e.find("RDMACC_TRACE_EVENTS: cannot write /nonexistent-rdmacc-dir/trace."),
@@ -178,15 +187,10 @@ TEST(EventTrace, ASymbolicLinkIsNotFollowed) {
     std::filesystem::create_symlink(dir / fmt::format("victim.{}", r),
                                     dir / fmt::format("trace.{}.csv", r));
   }
-  std::mutex mutex;
-  std::vector<std::string> errors;
-  setLogSink([&](LogLevel level, std::string_view line) {
-    std::lock_guard lock(mutex);
-    if (level == LogLevel::Error) errors.emplace_back(line);
+  const std::vector<std::string> errors = errorsLoggedBy([&] {
+    onTwoRanks("linked", {{"RDMACC_TRACE_EVENTS", (dir / "trace.%r.csv").string()}},
+               [](VerbsBackend& backend, int) { backend.barrier()->wait(); });
   });
-  onTwoRanks("linked", {{"RDMACC_TRACE_EVENTS", (dir / "trace.%r.csv").string()}},
-             [](VerbsBackend& backend, int) { backend.barrier()->wait(); });
-  setLogSink(nullptr);
   EXPECT_EQ(errors.size(), 2u);
   EXPECT_FALSE(std::filesystem::exists(dir / "victim.0"));
   EXPECT_FALSE(std::filesystem::exists(dir / "victim.1"));
