@@ -54,8 +54,10 @@ void computeFootprint(Active& a, size_t chunk) {
   // A barrier is a fence: it starts after every earlier collective finished
   // here and nothing starts before it completes, so that a completed barrier
   // still means every rank is done with what came before it.
+  // A one-shot collective is one too: board entries are consumed in
+  // sequence order (Board::consumed).
   a.opaque = static_cast<bool>(op.prologue) || static_cast<bool>(op.epilogue) ||
-             op.type == OpType::Barrier;
+             op.type == OpType::Barrier || (op.schedule && op.schedule->board);
   a.footprint = {};
   a.latencyBound = true;
   if (const Plan* plan = op.schedule.get()) {  // its extents, worked out once per plan

@@ -186,4 +186,9 @@ size_t Engine::chunkBytes() const noexcept {
   return impl_->chunk;
 }
 
+size_t Engine::oneShotBytes() const noexcept {
+  const Board* board = impl_->transport->board();
+  return board != nullptr ? board->maxBytes() : 0;
+}
+
 }  // namespace rdmacc

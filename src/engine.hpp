@@ -144,6 +144,9 @@ struct EngineOptions {
   // local peers, which write them in place with one copy (process_vm_writev)
   // where the kernel permits (RDMACC_SHM_SINGLE_COPY).
   bool shmSingleCopy = true;
+  // Shared memory, every peer on this host: allreduces up to this many bytes
+  // are one-shot through the board (transport.hpp, Board). 0: never.
+  size_t shmOneShotBytes = 4096;
   // Keep-alive (RDMACC_KEEPALIVE_INTERVAL): the peers a pending operation
   // waits for are probed this often (Transport::probe), so a dead link or
   // host fails the operation within the retry budget instead of its
@@ -180,6 +183,9 @@ class Engine {
   void abort(const std::string& reason);
   // Payload bytes per message (slot size minus the header).
   size_t chunkBytes() const noexcept;
+  // The largest one-shot collective (Plan::board) the transport takes; 0:
+  // it has no board.
+  size_t oneShotBytes() const noexcept;
   // For Work's progress driver: lets a waiting caller make progress itself.
   // Safe to call after the engine is gone (it then does nothing).
   std::shared_ptr<const Work::ProgressDriver> driver();

@@ -138,6 +138,7 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
     prepareAdverts(a);
     progress = true;
   }
+  if (op.schedule && op.schedule->board) return advanceBoard(a) || progress;
   while (a.advertsSent < a.advertsToSend.size()) {
     auto& [peer, header] = a.advertsToSend[a.advertsSent];
     if (!transport_.trySend(peer, header, nullptr)) break;

@@ -35,6 +35,8 @@ class Executor {
  private:
   size_t messages(size_t bytes) const { return messageCount(bytes, chunk_); }
   void enterStep(Active& a);
+  // A one-shot collective (Plan::board), once started (executor_board.cpp).
+  bool advanceBoard(Active& a);
   void prepareAdverts(Active& a);
   bool receive(Active& a, const Expectation& expected, size_t j);
   bool advanceSend(Active& a);

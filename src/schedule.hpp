@@ -103,6 +103,11 @@ struct Plan {
   Range recvExtent;
   Range outExtent;         // receives toOutput (in the receive buffer's coordinates)
   size_t largestSend = 0;  // bytes of its largest send
+  // One-shot through the transport's board (transport.hpp, Board) instead of
+  // messages: one step whose sends and receives name every peer (whom the
+  // operation waits for); every rank posts its send range and reduces all
+  // contributions in rank order.
+  bool board = false;
 };
 
 // count elements split into `parts` contiguous blocks whose sizes differ by at

@@ -79,6 +79,13 @@ ShmTransport::ShmTransport(Store& store, const EngineOptions& options,
   geometry_.slots = static_cast<uint32_t>(options.slotsPerPeer);
   geometry_.ringEntries = ringEntriesFor(options.slotsPerPeer);
   geometry_.slotBytes = options.slotBytes;
+  // The one-shot board: only when this transport carries every peer (a
+  // mixed group's collectives cross the network anyway).
+  if (options.shmOneShotBytes > 0 && geometry_.lanes + 1 == static_cast<uint32_t>(size_)) {
+    geometry_.boardEntries = kBoardEntries;
+    geometry_.boardEntryBytes =
+        static_cast<uint32_t>(kBoardEntryHead + roundUp(options.shmOneShotBytes, 64));
+  }
   create();
   try {
     attach(store, options.group);
@@ -115,10 +122,16 @@ void ShmTransport::create() {
   head_->slots = geometry_.slots;
   head_->ringEntries = geometry_.ringEntries;
   head_->slotBytes = geometry_.slotBytes;
+  head_->boardEntries = geometry_.boardEntries;
+  head_->boardEntryBytes = geometry_.boardEntryBytes;
   head_->base = reinterpret_cast<uintptr_t>(mine_.get());
   head_->nonce = (uint64_t{random()} << 32 | random()) | 1;
   for (uint32_t lane = 0; lane < geometry_.lanes; ++lane) {
     new (mine_.get() + geometry_.laneOffset(lane)) RingHead{};
+  }
+  for (uint32_t entry = 0; entry < geometry_.boardEntries; ++entry) {
+    new (mine_.get() + geometry_.boardOffset() + size_t{entry} * geometry_.boardEntryBytes)
+        BoardEntry{};
   }
   doorbell_ = net::Fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   bell_ = net::Fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
@@ -171,17 +184,21 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
     p.head = reinterpret_cast<SegmentHead*>(p.mapping.get());
     if (p.head->magic != kMagic || p.head->version != kVersion ||
         p.head->lanes != geometry_.lanes || p.head->slots != geometry_.slots ||
-        p.head->ringEntries != geometry_.ringEntries || p.head->slotBytes != geometry_.slotBytes) {
+        p.head->ringEntries != geometry_.ringEntries || p.head->slotBytes != geometry_.slotBytes ||
+        p.head->boardEntries != geometry_.boardEntries ||
+        p.head->boardEntryBytes != geometry_.boardEntryBytes) {
       throw Error(ErrorInfo{
           .kind = ErrorKind::InvalidArgument,
-          .message =
-              fmt::format("rank {}'s shared-memory segment has {} lanes of {} slots of {} "
-                          "bytes (version {}), this rank expects {} of {} of {} (version {})",
-                          rank, p.head->lanes, p.head->slots, p.head->slotBytes, p.head->version,
-                          geometry_.lanes, geometry_.slots, geometry_.slotBytes, kVersion),
+          .message = fmt::format("rank {}'s shared-memory segment has {} lanes of {} slots of {} "
+                                 "bytes and {} board entries of {} bytes (version {}), this rank "
+                                 "expects {} of {} of {} and {} of {} (version {})",
+                                 rank, p.head->lanes, p.head->slots, p.head->slotBytes,
+                                 p.head->boardEntries, p.head->boardEntryBytes, p.head->version,
+                                 geometry_.lanes, geometry_.slots, geometry_.slotBytes,
+                                 geometry_.boardEntries, geometry_.boardEntryBytes, kVersion),
           .peerRank = rank,
-          .hint = "run the same rdmacc version with the same RDMACC_SLOTS_PER_PEER and "
-                  "RDMACC_SLOT_BYTES on every rank"});
+          .hint = "run the same rdmacc version with the same RDMACC_SLOTS_PER_PEER, "
+                  "RDMACC_SLOT_BYTES and RDMACC_SHM_ONE_SHOT_BYTES on every rank"});
     }
     uint8_t* theirs = p.mapping.get() + geometry_.laneOffset(laneIn(rank, rank_));
     p.out = reinterpret_cast<RingHead*>(theirs);

@@ -29,7 +29,7 @@ using wire::Header;
 using wire::kHeaderBytes;
 
 constexpr uint64_t kMagic = 0x524443434d485331;  // "RDCCMHS1"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free,
@@ -50,9 +50,26 @@ struct SegmentHead {
   // owner.
   uint64_t base = 0;
   uint64_t nonce = 0;
+  // The one-shot board after the lanes (0 entries: none).
+  uint32_t boardEntries = 0;
+  uint32_t boardEntryBytes = 0;
   alignas(64) std::atomic<uint32_t> sleeping{0};  // the owner sleeps: ring its doorbell
   alignas(64) std::atomic<uint32_t> departed{0};  // the owner's transport is gone
+  // The last collective whose board entries the owner read (Board::consumed).
+  alignas(64) std::atomic<uint64_t> boardConsumed{0};
 };
+
+// One entry of an owner's board: the payload follows at kBoardEntryHead.
+// The owner writes check, bytes and the payload, then the sequence (release).
+struct BoardEntry {
+  std::atomic<uint64_t> sequence{0};
+  uint64_t check = 0;
+  uint64_t bytes = 0;
+};
+constexpr size_t kBoardEntryHead = 64;
+// Entries per rank: a rank may post this many one-shot collectives ahead of
+// the slowest peer's reading.
+constexpr uint32_t kBoardEntries = 8;
 
 // One sender's lane in the receiver's segment: the ring of arrival records
 // (the sender advances tail, the receiver head), then the sender's slots.
@@ -77,10 +94,13 @@ struct Geometry {
   uint32_t slots = 0;
   uint32_t ringEntries = 0;
   size_t slotBytes = 0;
+  uint32_t boardEntries = 0;
+  uint32_t boardEntryBytes = 0;
   size_t headBytes() const { return roundUp(sizeof(SegmentHead), 64); }
   size_t recordsBytes() const { return roundUp(ringEntries * sizeof(Record), 64); }
   size_t laneBytes() const { return sizeof(RingHead) + recordsBytes() + slots * slotBytes; }
-  size_t totalBytes() const { return headBytes() + lanes * laneBytes(); }
+  size_t boardOffset() const { return headBytes() + lanes * laneBytes(); }
+  size_t totalBytes() const { return boardOffset() + size_t{boardEntries} * boardEntryBytes; }
   size_t laneOffset(size_t lane) const { return headBytes() + lane * laneBytes(); }
 };
 
@@ -109,10 +129,11 @@ struct Peer {
   bool reported = false;  // its departure was reported
   Departure how;          // and how it showed
   SlotWindow window;
-  bool singleCopy = false;  // direct writes into its memory (cma) work
+  bool singleCopy = false;     // direct writes into its memory (cma) work
+  uint64_t boardConsumed = 0;  // its head's boardConsumed as last read
 };
 
-class ShmTransport final : public Transport {
+class ShmTransport final : public Transport, public Board {
  public:
   ShmTransport(Store& store, const EngineOptions& options, const std::vector<bool>& carried);
   ~ShmTransport() override;
@@ -147,9 +168,27 @@ class ShmTransport final : public Transport {
   }
   void consumeEvents() override;
   void drain(const std::vector<bool>&) override {}  // every send completed when it returned
+  Board* board() noexcept override { return geometry_.boardEntries > 0 ? this : nullptr; }
+
+  // Board (shm_board.cpp).
+  size_t maxBytes() const noexcept override { return geometry_.boardEntryBytes - kBoardEntryHead; }
+  bool writable(uint64_t sequence) override;
+  void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override;
+  const uint8_t* mine(uint64_t sequence) const override {
+    return boardEntry(mine_.get(), sequence) + kBoardEntryHead;
+  }
+  const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override;
+  void consumed(uint64_t sequence) override;
 
  private:
   static size_t idx(int rank) { return static_cast<size_t>(rank); }
+  uint8_t* boardEntry(uint8_t* segment, uint64_t sequence) const {
+    return segment + geometry_.boardOffset() +
+           (sequence % geometry_.boardEntries) * geometry_.boardEntryBytes;
+  }
+  // Rings the doorbell of every peer that sleeps (after a fence: a Dekker
+  // pair with arm()).
+  void wakeSleepingPeers() const;
   void create();
   void attach(Store& store, const std::string& group);
   // Free ring entries in peer's lane; throws when the peer corrupted its head.

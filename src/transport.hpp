@@ -82,6 +82,38 @@ class TransportSink {
 };
 
 // Used by one thread at a time (whoever holds the engine's progress lock).
+// One-shot collectives among ranks that all share memory (the shared-memory
+// transport when it carries every peer): each rank posts its whole
+// contribution to an entry of its own, and every other rank reads it there
+// in place; no message, slot or credit. Entries are reused round-robin once
+// every peer has read the previous occupant. Sequences are the collectives'
+// (unique per group, growing).
+class Board {
+ public:
+  // The largest contribution an entry holds (RDMACC_SHM_ONE_SHOT_BYTES).
+  virtual size_t maxBytes() const noexcept = 0;
+  // Whether this rank may post for `sequence` now: every peer has read what
+  // its entry held before.
+  virtual bool writable(uint64_t sequence) = 0;
+  // Posts `bytes` (<= maxBytes) from data for `sequence`, with the value
+  // every rank of the operation presents (Operation::checkValue), and wakes
+  // the peers that sleep. Only when writable().
+  virtual void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) = 0;
+  // This rank's posted contribution for `sequence`.
+  virtual const uint8_t* mine(uint64_t sequence) const = 0;
+  // Peer's contribution for `sequence`, or null while it has not posted it.
+  // Throws Error(Protocol) naming the peer when it posted a different
+  // operation there (check value or size) or overwrote the entry before this
+  // rank read it.
+  virtual const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) = 0;
+  // This rank has read every peer's contribution for `sequence`: their
+  // entries may be reused. In sequence order.
+  virtual void consumed(uint64_t sequence) = 0;
+
+ protected:
+  ~Board() = default;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -146,6 +178,10 @@ class Transport {
   // The state of the path to `peer` (credits, queues), for a diagnosis when
   // an operation waiting for it times out.
   virtual std::string describePeer(int peer) const = 0;
+
+  // The one-shot board, when every peer shares this rank's memory and
+  // RDMACC_SHM_ONE_SHOT_BYTES is not 0; null otherwise.
+  virtual Board* board() noexcept { return nullptr; }
 };
 
 }  // namespace rdmacc

@@ -83,6 +83,7 @@ struct VerbsBackend::Impl {
   Config config;
   std::chrono::milliseconds defaultTimeout;
   size_t treeMaxBytes;
+  size_t oneShotBytes = 0;  // the engine's (Engine::oneShotBytes), once it exists
   TuningTable tuning;
   algorithms::Hosts hosts;  // which ranks share a host: hierarchical algorithms
   std::string group;
@@ -126,17 +127,21 @@ struct VerbsBackend::Impl {
   template <typename Build>
   std::shared_ptr<const Plan> planFor(const Shape& shape, std::string_view collective,
                                       Build&& build) {
-    {
-      std::lock_guard lock(plansMutex);
-      for (CachedPlan& c : plans) {
-        if (c.shape == shape) {
-          c.lastUse = ++planUses;
-          return c.plan;
-        }
+    if (auto cached = cachedPlan(shape)) return cached;
+    const Algorithm algo = choose(shape.algorithm, collective, shape.bytes);
+    return keepPlan(shape, std::make_shared<const Plan>(build(algo), algo));
+  }
+  std::shared_ptr<const Plan> cachedPlan(const Shape& shape) {
+    std::lock_guard lock(plansMutex);
+    for (CachedPlan& c : plans) {
+      if (c.shape == shape) {
+        c.lastUse = ++planUses;
+        return c.plan;
       }
     }
-    const Algorithm algo = choose(shape.algorithm, collective, shape.bytes);
-    auto built = std::make_shared<const Plan>(build(algo), algo);
+    return nullptr;
+  }
+  std::shared_ptr<const Plan> keepPlan(const Shape& shape, std::shared_ptr<const Plan> built) {
     std::lock_guard lock(plansMutex);
     if (plans.size() < kCachedPlans) {
       plans.push_back({shape, built, ++planUses});
@@ -363,25 +368,36 @@ struct VerbsBackend::Impl {
     size_t es = elementSize(dtype);
     size_t bytes = count * es;
     bool avg = reduceOp == ReduceOp::Avg;
-    op.schedule = planFor(
-        Shape{.type = OpType::Allreduce,
-              .algorithm = algorithm,
-              .bytes = bytes,
-              .elementSize = es,
-              .avg = avg},
-        "allreduce", [&](Algorithm algo) {
-          switch (algo) {
-            case Algorithm::Ring:
-              return algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg);
-            case Algorithm::Tree:
-              return algorithms::treeAllreduce(rank, size, bytes, avg);
-            case Algorithm::Hierarchical:  // split the data over every rank when bandwidth-bound
-              return algorithms::hierarchicalAllreduce(rank, hosts, count, es, avg,
-                                                       bytes > treeMaxBytes);
-            default:
-              return algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
-          }
-        });
+    // Every rank on this host, small, auto: one-shot through the shared
+    // memory board (the same choice on every rank: the group's layout, the
+    // size and settings that must agree).
+    const bool oneShot = algorithm == Algorithm::Auto &&
+                         forcedAlgorithms.allreduce == Algorithm::Auto && size > 1 && bytes > 0 &&
+                         bytes <= oneShotBytes;
+    const Shape shape{.type = OpType::Allreduce,
+                      .algorithm = algorithm,
+                      .bytes = bytes,
+                      .elementSize = es,
+                      .avg = avg,
+                      .variant = oneShot ? 1 : 0};
+    if (oneShot) {
+      op.schedule = cachedPlan(shape);
+      if (!op.schedule) op.schedule = keepPlan(shape, boardPlan(bytes));
+    } else {
+      op.schedule = planFor(shape, "allreduce", [&](Algorithm algo) {
+        switch (algo) {
+          case Algorithm::Ring:
+            return algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg);
+          case Algorithm::Tree:
+            return algorithms::treeAllreduce(rank, size, bytes, avg);
+          case Algorithm::Hierarchical:  // split the data over every rank when bandwidth-bound
+            return algorithms::hierarchicalAllreduce(rank, hosts, count, es, avg,
+                                                     bytes > treeMaxBytes);
+          default:
+            return algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
+        }
+      });
+    }
     const Algorithm algo = op.schedule->algorithm;
     op.sendBase = op.recvBase = data;
     op.dtype = dtype;
@@ -392,8 +408,23 @@ struct VerbsBackend::Impl {
     if (reduceOp == ReduceOp::PreMulSum) {
       op.prologue = [data, count, dtype, factor] { scaleBy(data, count, dtype, factor); };
     }
-    op.describe("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp), toString(algo));
+    op.describe("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp),
+                oneShot ? "one-shot" : toString(algo));
     return algo;
+  }
+
+  // A one-shot allreduce of `bytes` (Plan::board): its one step names every
+  // peer, in rank order, as sent to and received from.
+  std::shared_ptr<const Plan> boardPlan(size_t bytes) const {
+    Step step;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      step.sends.push_back(SendSpec{.peer = peer, .range = {0, bytes}});
+      step.recvs.push_back(RecvSpec{.peer = peer, .range = {0, bytes}, .combine = Combine::Reduce});
+    }
+    auto plan = std::make_shared<Plan>(Schedule{std::move(step)});
+    plan->board = true;
+    return plan;
   }
 
   // allgather and allgather_coalesced: every rank's inputs packed into one block.
