@@ -35,10 +35,33 @@ std::shared_ptr<Work> VerbsBackend::allreduce(std::vector<Tensor>& tensors,
   Impl& s = *impl_;
   Tensor& t = single(tensors, "allreduce");
   checkReduce(opts.reduceOp, t.dtype, opts.preMulFactor, "allreduce");
-  auto op = s.collective(OpType::Allreduce, opts.timeout);
-  s.buildAllreduce(*op, bytesOf(t), t.numel, t.dtype, opts.reduceOp, opts.preMulFactor,
-                   opts.algorithm);
-  return s.submit(std::move(op));
+  // What the operation is, built only when the engine runs it.
+  struct Build final : OperationFactory {
+    Impl& s;
+    Tensor& t;
+    const AllreduceOptions& opts;
+    Build(Impl& impl, Tensor& tensor, const AllreduceOptions& options)
+        : s(impl), t(tensor), opts(options) {}
+    std::unique_ptr<Operation> make() override {
+      auto op = s.collective(OpType::Allreduce, opts.timeout);
+      s.buildAllreduce(*op, bytesOf(t), t.numel, t.dtype, opts.reduceOp, opts.preMulFactor,
+                       opts.algorithm);
+      return op;
+    }
+  } build(s, t, opts);
+  // Small, every rank on this host, nothing pending: on this thread, through
+  // the board (PreMulSum scales its input first: the engine's prologue).
+  if (opts.reduceOp != ReduceOp::PreMulSum && s.isOneShot(opts.algorithm, t.bytes())) {
+    const OneShotCall call{
+        .data = bytesOf(t),
+        .bytes = t.bytes(),
+        .dtype = t.dtype,
+        .reduceOp = opts.reduceOp,
+        .avgDivisor = opts.reduceOp == ReduceOp::Avg ? s.size : 0,
+        .checkValue = s.allreduceCheck(t.bytes(), opts.reduceOp, t.dtype, Algorithm::Auto)};
+    if (auto work = s.engine->tryOneShot(call, build)) return work;
+  }
+  return s.submit(build.make());
 }
 
 std::shared_ptr<Work> VerbsBackend::allreduce_coalesced(std::vector<Tensor>& tensors,

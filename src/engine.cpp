@@ -18,6 +18,7 @@ bool Engine::Impl::takeIntake() {
   {
     std::lock_guard lock(intakeMutex);
     loop.clearPending();
+    if (!intake.empty()) drained.store(false);
     ops.swap(intake);
     abortReason.swap(abortRequest);
   }
@@ -74,6 +75,8 @@ bool Engine::Impl::advance() {
     Active& a = *collectives.front();
     matching.finished(static_cast<uint32_t>(a.op->sequence));
     traceStage(options.trace, EventTrace::Stage::Finish, false, a.op->sequence);
+    // Before the caller learns of it: its next call may take the fast path.
+    if (collectives.size() == 1 && pointToPoint.empty()) drained.store(true);
     a.op->work->finish(nullptr);
     pool.give(std::move(collectives.front()));
     collectives.pop_front();
@@ -87,6 +90,9 @@ bool Engine::Impl::advance() {
     checkDeadlines(now);
   }
   if (!broken) probeAwaitedPeers(now);
+  if (collectives.empty() && pointToPoint.empty() && !drained.load(std::memory_order_relaxed)) {
+    drained.store(true);
+  }
   // How long to spin next: the oldest work's kind.
   loop.setLatencyBound(!collectives.empty()    ? collectives.front()->latencyBound
                        : !pointToPoint.empty() ? pointToPoint.front()->latencyBound
@@ -131,27 +137,35 @@ std::shared_ptr<Work> Engine::submit(std::unique_ptr<Operation> op) {
   {
     std::lock_guard lock(impl_->intakeMutex);
     op->sequence = op->pointToPoint ? ++impl_->pointToPointCount : ++impl_->collectiveCount;
+    work = impl_->enqueue(std::move(op));
+  }
+  impl_->loop.wakeSleepers();
+  return work;
+}
+
+std::shared_ptr<Work> Engine::Impl::enqueue(std::unique_ptr<Operation> op) {
+  std::shared_ptr<Work> work;
+  {  // under intakeMutex
     work = std::make_shared<Work>(
         op->type, op->sequence,
         [this](const Work& w) {
-          abort(fmt::format("{} #{} was aborted by the user", toString(w.opType()),
-                            w.sequenceNumber()));
+          requestAbort(fmt::format("{} #{} was aborted by the user", toString(w.opType()),
+                                   w.sequenceNumber()));
         },
-        impl_->workDriver);
+        workDriver);
     op->work = work;
-    if (impl_->brokenShared) {
-      ErrorInfo info = impl_->brokenCopy->info();
+    if (brokenShared) {
+      ErrorInfo info = brokenCopy->info();
       info.message = fmt::format("{} cannot start: the group is broken by an earlier failure: {}",
                                  op->description(), info.message);
       work->finish(std::make_exception_ptr(Error(std::move(info))));
       return work;
     }
-    traceStage(impl_->options.trace, EventTrace::Stage::Submit, op->pointToPoint,
+    traceStage(options.trace, EventTrace::Stage::Submit, op->pointToPoint,
                op->pointToPoint ? op->tag : op->sequence);
-    impl_->intake.push_back(std::move(op));
-    impl_->loop.markPending();
+    intake.push_back(std::move(op));
+    loop.markPending();
   }
-  impl_->loop.wakeSleepers();
   return work;
 }
 
@@ -166,12 +180,16 @@ void Engine::setSequence(uint64_t value) {
 }
 
 void Engine::abort(const std::string& reason) {
+  impl_->requestAbort(reason);
+}
+
+void Engine::Impl::requestAbort(const std::string& reason) {
   {
-    std::lock_guard lock(impl_->intakeMutex);
-    impl_->abortRequest = reason;
-    impl_->loop.markPending();
+    std::lock_guard lock(intakeMutex);
+    abortRequest = reason;
+    loop.markPending();
   }
-  impl_->loop.wake();
+  loop.wake();
 }
 
 std::shared_ptr<const Work::ProgressDriver> Engine::driver() {

@@ -103,6 +103,10 @@ struct Operation {
   std::function<void()> epilogue;  // after the last step, before completion
   Scratch scratch;                 // memory the operation owns
 
+  // A one-shot collective whose contribution the caller posted already
+  // (Engine::tryOneShot handed it over).
+  bool boardPosted = false;
+
   // Point to point.
   bool pointToPoint = false;
   bool isSend = false;
@@ -157,8 +161,27 @@ struct EngineOptions {
   EventTrace* trace = nullptr;
 };
 
-// Threading: submit() and abort() from any thread; everything else belongs to
-// the engine's own thread.
+// A one-shot allreduce (Plan::board) as Engine::tryOneShot runs it on the
+// caller's thread: `data` (in place), reduced with every rank's.
+struct OneShotCall {
+  uint8_t* data = nullptr;
+  size_t bytes = 0;
+  DataType dtype = DataType::UInt8;
+  ReduceOp reduceOp = ReduceOp::Sum;
+  int64_t avgDivisor = 0;
+  uint64_t checkValue = 0;
+};
+// Builds the Operation a one-shot call becomes when the peers are late.
+class OperationFactory {
+ public:
+  virtual std::unique_ptr<Operation> make() = 0;
+
+ protected:
+  ~OperationFactory() = default;
+};
+
+// Threading: submit(), tryOneShot() and abort() from any thread; everything
+// else belongs to the engine's own thread.
 class Engine {
  public:
   // Sets up the transports (the slot regions, exchanged with the peers
@@ -174,6 +197,14 @@ class Engine {
   // submission order), gives it its Work (abort breaks the group; wait()
   // drives progress) and queues it, all under one lock.
   std::shared_ptr<Work> submit(std::unique_ptr<Operation> op);
+  // The small-allreduce fast path (engine_one_shot.cpp): when nothing is
+  // pending (so nothing the call's buffer may depend on) and the board has
+  // room, numbers the call, posts its contribution and waits up to
+  // spinLatencyBound for the peers': then reduces and returns completed Work,
+  // without an Operation or the engine. Peers still late: submits
+  // factory.make()'s operation as already posted and returns its Work.
+  // Null when the fast path does not apply (submit as usual).
+  std::shared_ptr<Work> tryOneShot(const OneShotCall& call, OperationFactory& factory);
   // The last collective sequence number given, and setting it (c10d's
   // sequence number for the group: every rank takes rank 0's).
   uint64_t sequence() const;

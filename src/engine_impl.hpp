@@ -89,6 +89,10 @@ struct Engine::Impl final : TransportSink, Steppable {
   std::shared_ptr<const Work::ProgressDriver> workDriver;  // every Work's (Engine::driver)
   std::optional<std::string> abortRequest;
   bool brokenShared = false;
+  // Nothing taken from the intake is unfinished (set false when ops are
+  // taken, under intakeMutex; true after a round that left none): with an
+  // empty intake, tryOneShot may run a call on the caller's thread.
+  std::atomic<bool> drained{true};
   std::optional<Error> brokenCopy;
   Progress loop;  // last: its thread starts after everything above exists
 
@@ -202,6 +206,9 @@ struct Engine::Impl final : TransportSink, Steppable {
   // --------------------------------------------------------------- loop --
 
   bool takeIntake();
+  // Gives op its Work and queues it (under intakeMutex; numbered already).
+  std::shared_ptr<Work> enqueue(std::unique_ptr<Operation> op);
+  void requestAbort(const std::string& reason);
 
   bool advance();
 

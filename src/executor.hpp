@@ -17,6 +17,11 @@
 
 namespace rdmacc {
 
+// A one-shot collective whose every contribution is on the board: reduces
+// them in rank order (the same bits on every rank) into call.data, divides
+// for Avg, and marks them read (executor_board.cpp).
+void reduceBoard(Board& board, const OneShotCall& call, int rank, int size, uint64_t sequence);
+
 class Executor {
  public:
   // `gone`: the peers that left (the engine's, updated by it) long enough ago

@@ -11,6 +11,18 @@
 
 namespace rdmacc {
 
+// Rank 0's and rank 1's contributions in one pass, then the others'.
+void reduceBoard(Board& board, const OneShotCall& call, int rank, int size, uint64_t sequence) {
+  const size_t count = call.bytes / elementSize(call.dtype);
+  auto part = [&](int r) -> const uint8_t* {
+    return r == rank ? board.mine(sequence) : board.peek(r, sequence, call.checkValue, call.bytes);
+  };
+  reduceTo(call.data, part(0), part(1), count, call.dtype, call.reduceOp);
+  for (int r = 2; r < size; ++r) reduceInto(call.data, part(r), count, call.dtype, call.reduceOp);
+  if (call.avgDivisor > 1) divideBy(call.data, count, call.dtype, call.avgDivisor);
+  board.consumed(sequence);
+}
+
 bool Executor::advanceBoard(Active& a) {
   Operation& op = *a.op;
   Board& board = *transport_.board();
@@ -18,8 +30,13 @@ bool Executor::advanceBoard(Active& a) {
   const size_t bytes = op.schedule->sendExtent.bytes;
   bool progress = false;
   if (!s.sends.empty() && a.sentMessages.front() == 0) {
-    if (!board.writable(op.sequence)) return false;
-    board.post(op.sequence, op.checkValue, op.sendBase + op.schedule->sendExtent.offset, bytes);
+    board.engineWaits(true);
+    if (!op.boardPosted) {  // else the caller posted it (Engine::tryOneShot)
+      if (!board.writable(op.sequence)) return false;
+      const int64_t posting = traceClock(options_.trace);
+      board.post(op.sequence, op.checkValue, op.sendBase + op.schedule->sendExtent.offset, bytes);
+      tracePost(options_.trace, false, op.sequence, s.sends.front().peer, posting);
+    }
     for (size_t i = 0; i < s.sends.size(); ++i) {
       a.sent[i] = bytes;
       a.sentMessages[i] = 1;
@@ -33,24 +50,21 @@ bool Executor::advanceBoard(Active& a) {
       all = false;
       continue;
     }
+    traceStage(options_.trace, EventTrace::Stage::Arrival, false, op.sequence, s.recvs[j].peer);
     a.received[j] = bytes;
     a.receivedMessages[j] = 1;
     progress = true;
   }
   if (!all) return progress;
-  // Every contribution is there: rank 0's and rank 1's in one pass, then the
-  // others (receives are in rank order, this rank's own among them by rank).
-  const size_t count = bytes / elementSize(op.dtype);
-  uint8_t* out = op.recvBase + op.schedule->recvExtent.offset;
-  const int rank = options_.rank;
-  auto part = [&](int r) -> const uint8_t* {
-    return r == rank ? board.mine(op.sequence) : board.peek(r, op.sequence, op.checkValue, bytes);
-  };
-  const int size = static_cast<int>(s.recvs.size()) + 1;
-  reduceTo(out, part(0), part(1), count, op.dtype, op.reduceOp);
-  for (int r = 2; r < size; ++r) reduceInto(out, part(r), count, op.dtype, op.reduceOp);
-  if (op.avgDivisor > 1) divideBy(out, count, op.dtype, op.avgDivisor);
-  board.consumed(op.sequence);
+  reduceBoard(board,
+              OneShotCall{.data = op.recvBase + op.schedule->recvExtent.offset,
+                          .bytes = bytes,
+                          .dtype = op.dtype,
+                          .reduceOp = op.reduceOp,
+                          .avgDivisor = op.avgDivisor,
+                          .checkValue = op.checkValue},
+              options_.rank, static_cast<int>(s.recvs.size()) + 1, op.sequence);
+  board.engineWaits(false);
   ++a.step;
   if (op.epilogue) op.epilogue();
   a.finished = true;

@@ -74,7 +74,10 @@ void ShmTransport::consumed(uint64_t sequence) {
 void ShmTransport::wakeSleepingPeers() const {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (const Peer& p : peers_) {
-    if (p.carried && p.head->sleeping.load(std::memory_order_relaxed) != 0) ringDoorbell(p);
+    if (p.carried && p.head->sleeping.load(std::memory_order_acquire) != 0 &&
+        p.head->boardWaiting.load(std::memory_order_relaxed) != 0) {
+      ringDoorbell(p);
+    }
   }
 }
 

@@ -54,6 +54,9 @@ struct SegmentHead {
   uint32_t boardEntries = 0;
   uint32_t boardEntryBytes = 0;
   alignas(64) std::atomic<uint32_t> sleeping{0};  // the owner sleeps: ring its doorbell
+  // The owner's engine runs a one-shot collective (Board::engineWaits): only
+  // then do board posts and reads ring a sleeping owner's doorbell.
+  std::atomic<uint32_t> boardWaiting{0};
   alignas(64) std::atomic<uint32_t> departed{0};  // the owner's transport is gone
   // The last collective whose board entries the owner read (Board::consumed).
   alignas(64) std::atomic<uint64_t> boardConsumed{0};
@@ -179,6 +182,9 @@ class ShmTransport final : public Transport, public Board {
   }
   const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override;
   void consumed(uint64_t sequence) override;
+  void engineWaits(bool waits) override {
+    head_->boardWaiting.store(waits ? 1 : 0, std::memory_order_relaxed);
+  }
 
  private:
   static size_t idx(int rank) { return static_cast<size_t>(rank); }
@@ -186,8 +192,8 @@ class ShmTransport final : public Transport, public Board {
     return segment + geometry_.boardOffset() +
            (sequence % geometry_.boardEntries) * geometry_.boardEntryBytes;
   }
-  // Rings the doorbell of every peer that sleeps (after a fence: a Dekker
-  // pair with arm()).
+  // Rings the doorbell of every peer that sleeps while its engine waits on
+  // the board (after a fence: a Dekker pair with arm()).
   void wakeSleepingPeers() const;
   void create();
   void attach(Store& store, const std::string& group);

@@ -109,6 +109,10 @@ class Board {
   // This rank has read every peer's contribution for `sequence`: their
   // entries may be reused. In sequence order.
   virtual void consumed(uint64_t sequence) = 0;
+  // This rank's engine runs a one-shot collective (and may sleep waiting for
+  // posts and reads): only then do the peers' posts and reads wake it. The
+  // caller's own fast path (Engine::tryOneShot) spins instead.
+  virtual void engineWaits(bool waits) = 0;
 
  protected:
   ~Board() = default;

@@ -371,9 +371,7 @@ struct VerbsBackend::Impl {
     // Every rank on this host, small, auto: one-shot through the shared
     // memory board (the same choice on every rank: the group's layout, the
     // size and settings that must agree).
-    const bool oneShot = algorithm == Algorithm::Auto &&
-                         forcedAlgorithms.allreduce == Algorithm::Auto && size > 1 && bytes > 0 &&
-                         bytes <= oneShotBytes;
+    const bool oneShot = isOneShot(algorithm, bytes);
     const Shape shape{.type = OpType::Allreduce,
                       .algorithm = algorithm,
                       .bytes = bytes,
@@ -403,14 +401,23 @@ struct VerbsBackend::Impl {
     op.dtype = dtype;
     op.reduceOp = reduceOp;
     op.avgDivisor = avg ? size : 0;
-    op.checkValue = checkValue(bytes, static_cast<uint64_t>(reduceOp), static_cast<uint64_t>(dtype),
-                               static_cast<uint64_t>(algo));
+    op.checkValue = allreduceCheck(bytes, reduceOp, dtype, algo);
     if (reduceOp == ReduceOp::PreMulSum) {
       op.prologue = [data, count, dtype, factor] { scaleBy(data, count, dtype, factor); };
     }
     op.describe("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp),
                 oneShot ? "one-shot" : toString(algo));
     return algo;
+  }
+
+  static uint64_t allreduceCheck(size_t bytes, ReduceOp reduceOp, DataType dtype, Algorithm algo) {
+    return checkValue(bytes, static_cast<uint64_t>(reduceOp), static_cast<uint64_t>(dtype),
+                      static_cast<uint64_t>(algo));
+  }
+
+  bool isOneShot(Algorithm algorithm, size_t bytes) const {
+    return algorithm == Algorithm::Auto && forcedAlgorithms.allreduce == Algorithm::Auto &&
+           size > 1 && bytes > 0 && bytes <= oneShotBytes;
   }
 
   // A one-shot allreduce of `bytes` (Plan::board): its one step names every

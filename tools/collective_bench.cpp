@@ -279,7 +279,7 @@ class CollectiveBench::Impl {
       // Ops complete in order: keep a bounded number in flight.
       current_ = static_cast<size_t>(i) % bufs_.size();
       works.push_back(once(inPlace));
-      if (works.size() >= 16) {
+      if (works.size() >= (args_.blocking ? 1u : 16u)) {
         works.front()->wait();
         works.pop_front();
       }

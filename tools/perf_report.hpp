@@ -28,6 +28,7 @@ struct Args {
   bool check = false;
   bool registerBuffers = false;  // -R: zero-copy from registered buffers
   int buffers = 1;               // --buffers: iterations rotate over this many buffer sets
+  bool blocking = false;         // -z: wait for each operation before the next (OSU-style latency)
   std::string json;
   std::string csv;      // appended to (header when the file is new or empty)
   std::string plot;     // PNG of every series in the CSV (or of this run)

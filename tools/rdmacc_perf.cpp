@@ -107,6 +107,9 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
                      "iterations per size (write: default 1000; idle: seconds, default 10)")
           ->check(CLI::Range(1, 1000000000))
           ->capture_default_str();
+  app.add_flag("-z,--blocking", a.blocking,
+               "wait for each operation before starting the next (as nccl-tests' -z 1 and OSU's "
+               "blocking calls: latency); default: up to 16 in flight");
   app.add_option("-w,--warmup_iters", a.warmup, "warm-up iterations")
       ->check(CLI::Range(0, 1000000000))
       ->capture_default_str();
