@@ -240,6 +240,47 @@ TEST(Collectives, AnInPlaceAlltoallSendsTheResultOfTheAllreduceBeforeIt) {
   }
 }
 
+// Small allreduces (one-shot through the board when every rank shares the
+// host; the fast path on the caller's thread when nothing is pending): one
+// queued behind an async op reads that op's result, one with a late rank
+// waits for it past the others' spin (the engine takes over and is woken by
+// the late post), and many in a row reuse every board entry many times.
+TEST(Collectives, SmallAllreducesSeeEarlierOpsWaitForLateRanksAndReuseTheBoard) {
+  const float n = static_cast<float>(N);
+  std::vector<float> x(65536, 1.0f);
+  std::vector<Tensor> whole{Tensor{x.data(), x.size(), DataType::Float32}};
+  auto first = gBackend->allreduce(whole);
+  std::vector<Tensor> head{Tensor{x.data(), 2, DataType::Float32}};
+  auto second = gBackend->allreduce(head);
+  second->wait();
+  first->wait();
+  EXPECT_EQ(x[0], n * n) << "the small allreduce ran before the one it depends on";
+  EXPECT_EQ(x[2], n);
+
+  float late[2] = {static_cast<float>(R), 1.0f};
+  if (R == 0) std::this_thread::sleep_for(30ms);
+  std::vector<Tensor> tl{Tensor{late, 2, DataType::Float32}};
+  gBackend->allreduce(tl)->wait();
+  EXPECT_EQ(late[0], n * (n - 1) / 2);
+  EXPECT_EQ(late[1], n);
+
+  for (int i = 0; i < 100; ++i) {
+    int64_t v[3] = {R + i, int64_t{1} << R, -i};
+    std::vector<Tensor> tv{Tensor{v, 3, DataType::Int64}};
+    gBackend->allreduce(tv, AllreduceOptions{.reduceOp = i % 2 ? ReduceOp::Sum : ReduceOp::Max})
+        ->wait();
+    if (i % 2) {
+      ASSERT_EQ(v[0], N * (N - 1) / 2 + N * i) << "round " << i;
+      ASSERT_EQ(v[1], (int64_t{1} << N) - 1) << "round " << i;
+      ASSERT_EQ(v[2], -N * i) << "round " << i;
+    } else {
+      ASSERT_EQ(v[0], N - 1 + i) << "round " << i;
+      ASSERT_EQ(v[1], int64_t{1} << (N - 1)) << "round " << i;
+      ASSERT_EQ(v[2], -i) << "round " << i;
+    }
+  }
+}
+
 // ------------------------------------------------------------ bad input --
 
 TEST(Collectives, InvalidCallsThrowOnEveryRankBeforeAnyDataMoves) {
