@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -175,12 +176,18 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
       throw shmError("shm_open", errno, fmt::format("opening rank {}'s segment {}", rank, name),
                      "ranks that share a host must share /dev/shm (the same mount namespace)");
     }
+    // Mapped as large as it is (at most what this rank expects), so that a
+    // segment of another geometry is named by its head, not only its size.
     struct stat st {};
-    if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
-      throw Error(ErrorKind::Protocol, fmt::format("rank {}'s segment {} has {} bytes, not {}",
-                                                   rank, name, st.st_size, bytes));
+    auto tooSmall = [&] {
+      return Error(ErrorKind::Protocol, fmt::format("rank {}'s segment {} has {} bytes, not {}",
+                                                    rank, name, st.st_size, bytes));
+    };
+    if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) < geometry_.headBytes()) {
+      throw tooSmall();
     }
-    p.mapping = mapSegment(fd.get(), bytes, name);
+    const size_t present = std::min(static_cast<size_t>(st.st_size), bytes);
+    p.mapping = mapSegment(fd.get(), present, name);
     p.head = reinterpret_cast<SegmentHead*>(p.mapping.get());
     if (p.head->magic != kMagic || p.head->version != kVersion ||
         p.head->lanes != geometry_.lanes || p.head->slots != geometry_.slots ||
@@ -200,6 +207,7 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
           .hint = "run the same rdmacc version with the same RDMACC_SLOTS_PER_PEER, "
                   "RDMACC_SLOT_BYTES and RDMACC_SHM_ONE_SHOT_BYTES on every rank"});
     }
+    if (present < bytes) throw tooSmall();
     uint8_t* theirs = p.mapping.get() + geometry_.laneOffset(laneIn(rank, rank_));
     p.out = reinterpret_cast<RingHead*>(theirs);
     p.outRecords = reinterpret_cast<Record*>(theirs + sizeof(RingHead));
