@@ -144,28 +144,25 @@ std::shared_ptr<Work> Engine::submit(std::unique_ptr<Operation> op) {
 }
 
 std::shared_ptr<Work> Engine::Impl::enqueue(std::unique_ptr<Operation> op) {
-  std::shared_ptr<Work> work;
-  {  // under intakeMutex
-    work = std::make_shared<Work>(
-        op->type, op->sequence,
-        [this](const Work& w) {
-          requestAbort(fmt::format("{} #{} was aborted by the user", toString(w.opType()),
-                                   w.sequenceNumber()));
-        },
-        workDriver);
-    op->work = work;
-    if (brokenShared) {
-      ErrorInfo info = brokenCopy->info();
-      info.message = fmt::format("{} cannot start: the group is broken by an earlier failure: {}",
-                                 op->description(), info.message);
-      work->finish(std::make_exception_ptr(Error(std::move(info))));
-      return work;
-    }
-    traceStage(options.trace, EventTrace::Stage::Submit, op->pointToPoint,
-               op->pointToPoint ? op->tag : op->sequence);
-    intake.push_back(std::move(op));
-    loop.markPending();
+  auto work = std::make_shared<Work>(
+      op->type, op->sequence,
+      [this](const Work& w) {
+        requestAbort(fmt::format("{} #{} was aborted by the user", toString(w.opType()),
+                                 w.sequenceNumber()));
+      },
+      workDriver);
+  op->work = work;
+  if (brokenShared) {
+    ErrorInfo info = brokenCopy->info();
+    info.message = fmt::format("{} cannot start: the group is broken by an earlier failure: {}",
+                               op->description(), info.message);
+    work->finish(std::make_exception_ptr(Error(std::move(info))));
+    return work;
   }
+  traceStage(options.trace, EventTrace::Stage::Submit, op->pointToPoint,
+             op->pointToPoint ? op->tag : op->sequence);
+  intake.push_back(std::move(op));
+  loop.markPending();
   return work;
 }
 
