@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -279,6 +280,10 @@ int main(int argc, char** argv) {
   int result = 0;
   Clock::time_point killAt{};
   bool terminated = false;
+  // After a rank failed, the others get a moment to fail on their own (they
+  // usually learn of it within milliseconds) and report it, naming the rank,
+  // before they are stopped.
+  std::optional<Clock::time_point> stopAt;
   auto terminateAll = [&](int sig) {
     for (auto& r : ranks) {
       if (r.running) kill(r.pid, sig);
@@ -327,11 +332,14 @@ int main(int argc, char** argv) {
                      WIFSIGNALED(status) ? "was killed by signal" : "exited with status",
                      WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
                      multiNode ? fmt::format(" on {}", host) : "");
-          terminateAll(SIGTERM);
-          terminated = true;
-          killAt = Clock::now() + std::chrono::seconds(5);
+          stopAt = Clock::now() + std::chrono::seconds(1);
         }
       }
+    }
+    if (stopAt && !terminated && Clock::now() >= *stopAt) {
+      terminateAll(SIGTERM);
+      terminated = true;
+      killAt = Clock::now() + std::chrono::seconds(5);
     }
     if (gSignal != 0 && !terminated) {
       fmt::print(stderr, "rdmacc-run: caught signal {}; stopping all ranks\n",
