@@ -1,15 +1,17 @@
 // The shared-memory transport without a second process: what is left behind
 // when a local peer never arrives, single-copy writes to an address that is
-// not there, and a peer that corrupts the ring it writes (two ranks as two
-// threads of this process).
+// not there, and a peer that corrupts the ring or the one-shot board it
+// writes (two ranks as two threads of this process).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -96,6 +98,64 @@ uint8_t* mappedSegment(const std::string& name) {
   return nullptr;
 }
 
+// Two ranks of group `name` as two backends of this process, on shm only.
+std::vector<std::unique_ptr<VerbsBackend>> formPair(const std::shared_ptr<Store>& store,
+                                                    const std::string& name) {
+  std::vector<std::unique_ptr<VerbsBackend>> ranks(2);
+  std::vector<std::jthread> forming;
+  for (int r = 0; r < 2; ++r) {
+    forming.emplace_back([&, r] {
+      ranks[static_cast<size_t>(r)] = std::make_unique<VerbsBackend>(
+          store, r, 2,
+          VerbsBackend::Options{.groupName = name,
+                                .config = {{"RDMACC_TRANSPORT", "shm"},
+                                           {"RDMACC_HOST_ID", "same-host"},
+                                           {"RDMACC_TIMEOUT", "20s"}}});
+    });
+  }
+  return ranks;
+}
+
+// A one-float sum on both ranks; errors by rank (empty: it worked and summed
+// to 2). rank0First: rank 0's allreduce runs (and ends) before rank 1's
+// starts.
+std::vector<std::string> allreduceOnBoth(std::vector<std::unique_ptr<VerbsBackend>>& ranks,
+                                         bool rank0First = false) {
+  std::vector<std::string> errors(2);
+  std::vector<std::jthread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      float value = 1;
+      std::vector<Tensor> t{Tensor{&value, 1, DataType::Float32}};
+      try {
+        ranks[static_cast<size_t>(r)]->allreduce(t)->wait();
+        EXPECT_EQ(value, 2.0f);
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+    if (rank0First) threads.back().join();
+  }
+  threads.clear();
+  return errors;
+}
+
+// Rank `rank`'s segment of group `name` as this process mapped it, and its
+// geometry from its head.
+std::pair<uint8_t*, shm::Geometry> segmentOf(Store& store, const std::string& name, int rank) {
+  const std::string text = toString(store.get(fmt::format("rdmacc/shm/{}/{}", name, rank)));
+  uint8_t* segment = mappedSegment(text.substr(0, text.find(':')));
+  if (segment == nullptr) return {nullptr, {}};
+  const auto* head = reinterpret_cast<const shm::SegmentHead*>(segment);
+  EXPECT_EQ(head->magic, shm::kMagic);
+  return {segment, shm::Geometry{.lanes = head->lanes,
+                                 .slots = head->slots,
+                                 .ringEntries = head->ringEntries,
+                                 .slotBytes = head->slotBytes,
+                                 .boardEntries = head->boardEntries,
+                                 .boardEntryBytes = head->boardEntryBytes}};
+}
+
 // Rank 1 "writes" a tail into its lane of rank 0's segment that runs further
 // ahead than the ring has entries (a corrupt or hostile peer): rank 0 refuses
 // it before reading a record, fails its operation with an error that names
@@ -103,51 +163,13 @@ uint8_t* mappedSegment(const std::string& name) {
 // nothing hangs.
 TEST(ShmTransport, ACorruptRingTailFailsTheGroupNamingThePeer) {
   auto store = std::make_shared<HashStore>(10s);
-  std::vector<std::unique_ptr<VerbsBackend>> ranks(2);
-  {
-    std::vector<std::jthread> forming;
-    for (int r = 0; r < 2; ++r) {
-      forming.emplace_back([&, r] {
-        ranks[static_cast<size_t>(r)] = std::make_unique<VerbsBackend>(
-            store, r, 2,
-            VerbsBackend::Options{.groupName = "corrupt",
-                                  .config = {{"RDMACC_TRANSPORT", "shm"},
-                                             {"RDMACC_HOST_ID", "same-host"},
-                                             {"RDMACC_TIMEOUT", "20s"}}});
-      });
-    }
-  }
+  auto ranks = formPair(store, "corrupt");
   ASSERT_TRUE(ranks[0] && ranks[1]);
-  // rank0First: rank 0's allreduce runs (and ends) before rank 1's starts.
-  auto allreduceOnBoth = [&](std::vector<std::string>& errors, bool rank0First = false) {
-    std::vector<std::jthread> threads;
-    for (int r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] {
-        float value = 1;
-        std::vector<Tensor> t{Tensor{&value, 1, DataType::Float32}};
-        try {
-          ranks[static_cast<size_t>(r)]->allreduce(t)->wait();
-          EXPECT_EQ(value, 2.0f);
-        } catch (const Error& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-        }
-      });
-      if (rank0First) threads.back().join();
-    }
-  };
-  std::vector<std::string> errors(2);
-  allreduceOnBoth(errors);  // the group works
+  std::vector<std::string> errors = allreduceOnBoth(ranks);  // the group works
   ASSERT_EQ(errors, std::vector<std::string>(2)) << errors[0] << " / " << errors[1];
 
-  const std::string text = toString(store->get("rdmacc/shm/corrupt/0"));
-  uint8_t* segment = mappedSegment(text.substr(0, text.find(':')));
-  ASSERT_NE(segment, nullptr) << "rank 0's segment " << text << " is not in /proc/self/maps";
-  const auto* head = reinterpret_cast<const shm::SegmentHead*>(segment);
-  ASSERT_EQ(head->magic, shm::kMagic);
-  const shm::Geometry geometry{.lanes = head->lanes,
-                               .slots = head->slots,
-                               .ringEntries = head->ringEntries,
-                               .slotBytes = head->slotBytes};
+  const auto [segment, geometry] = segmentOf(*store, "corrupt", 0);
+  ASSERT_NE(segment, nullptr) << "rank 0's segment is not in /proc/self/maps";
   // Rank 0's only local peer is rank 1: lane 0 of its segment is rank 1's.
   auto* ring = reinterpret_cast<shm::RingHead*>(segment + geometry.laneOffset(0));
   // Rank 1 publishes its own count (tail = ++its count): any message of its
@@ -167,11 +189,73 @@ TEST(ShmTransport, ACorruptRingTailFailsTheGroupNamingThePeer) {
   ring->tail.store(bogus);
 
   const auto start = std::chrono::steady_clock::now();
-  allreduceOnBoth(errors, /*rank0First=*/true);
+  errors = allreduceOnBoth(ranks, /*rank0First=*/true);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
   EXPECT_NE(errors[0].find(fmt::format("rank 1 sent a ring tail of {}", bogus)), std::string::npos)
       << errors[0];
   EXPECT_FALSE(errors[1].empty()) << "rank 1 did not learn of the failure";
+}
+
+// Rank 1 forges the board entry rank 0 reads next for a one-shot allreduce
+// (a corrupt or hostile peer): `forge` gets the entry and the sequence rank 0
+// will look for. Rank 0 fails naming rank 1 and what it posted, reads no
+// payload of the forged size, and rank 1 learns of the failure; nothing
+// hangs.
+void forgedBoardEntryFails(const std::string& name,
+                           const std::function<void(shm::BoardEntry&, uint64_t)>& forge,
+                           const std::string& expected) {
+  auto store = std::make_shared<HashStore>(10s);
+  auto ranks = formPair(store, name);
+  ASSERT_TRUE(ranks[0] && ranks[1]);
+  std::vector<std::string> errors = allreduceOnBoth(ranks);  // the group works
+  ASSERT_EQ(errors, std::vector<std::string>(2)) << errors[0] << " / " << errors[1];
+
+  const auto [segment, geometry] = segmentOf(*store, name, 1);
+  ASSERT_NE(segment, nullptr) << "rank 1's segment is not in /proc/self/maps";
+  ASSERT_GT(geometry.boardEntries, 0U) << "no one-shot board";
+  auto entry = [&](uint64_t i) {
+    return reinterpret_cast<shm::BoardEntry*>(segment + geometry.boardOffset() +
+                                              i * geometry.boardEntryBytes);
+  };
+  uint64_t last = 0;  // the last collective rank 1 posted
+  for (uint64_t i = 0; i < geometry.boardEntries; ++i)
+    last = std::max(last, entry(i)->sequence.load());
+  ASSERT_GT(last, 0U) << "the working allreduce did not go through the board";
+  const uint64_t next = last + 1;
+  forge(*entry(next % geometry.boardEntries), next);
+
+  const auto start = std::chrono::steady_clock::now();
+  errors = allreduceOnBoth(ranks, /*rank0First=*/true);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  EXPECT_NE(errors[0].find("rank 1"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find(fmt::format(fmt::runtime(expected), next)), std::string::npos)
+      << errors[0];
+  EXPECT_FALSE(errors[1].empty()) << "rank 1 did not learn of the failure";
+}
+
+// An entry that claims a later collective than the one rank 0 reads (as if
+// rank 1 had run ahead over an entry rank 0 had not read).
+TEST(ShmBoard, AnEntryPostedAheadFailsTheGroupNamingThePeer) {
+  forgedBoardEntryFails(
+      "board-ahead",
+      [](shm::BoardEntry& e, uint64_t next) {
+        e.check = 0;
+        e.bytes = 4;
+        e.sequence.store(next + 8);
+      },
+      "over collective #{},");
+}
+
+// An entry for the right collective whose size field is far beyond the
+// entry (1 TiB): refused by comparison with rank 0's own size, never read.
+TEST(ShmBoard, AnEntryOfAnotherSizeFailsTheGroupNamingThePeer) {
+  forgedBoardEntryFails(
+      "board-size",
+      [](shm::BoardEntry& e, uint64_t next) {
+        e.bytes = uint64_t{1} << 40;
+        e.sequence.store(next);
+      },
+      "collective #{} does not match on rank 1: it posted 1099511627776 bytes");
 }
 
 }  // namespace
