@@ -25,9 +25,10 @@ std::shared_ptr<Work> Engine::tryOneShot(const OneShotCall& call, OperationFacto
     if (!board->writable(sequence)) return nullptr;
     e.collectiveCount = sequence;
     board->post(sequence, call.checkValue, call.data, call.bytes);
-    // Peers in rank order; the clock only every 64 polls.
+    // Peers in rank order; the clock only every 64 polls, the first time to
+    // start the spin (most calls end before: no clock read at all).
     int next = 0;
-    const auto until = std::chrono::steady_clock::now() + e.options.spinLatencyBound;
+    std::chrono::steady_clock::time_point until{};
     for (unsigned polls = 1;; ++polls) {
       try {
         while (next < e.size && (next == e.rank || board->peek(next, sequence, call.checkValue,
@@ -43,7 +44,14 @@ std::shared_ptr<Work> Engine::tryOneShot(const OneShotCall& call, OperationFacto
         work->finish(nullptr);
         return work;
       }
-      if (polls % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+      if (polls % 64 == 0) {
+        const auto now = std::chrono::steady_clock::now();
+        if (polls == 64) {
+          until = now + e.options.spinLatencyBound;
+        } else if (now >= until) {
+          break;
+        }
+      }
       if (e.options.spinYield) sched_yield();
     }
     // The peers are late: the engine waits for them (and times out, or sees

@@ -72,7 +72,7 @@ void ShmTransport::consumed(uint64_t sequence) {
 }
 
 void ShmTransport::wakeSleepingPeers() const {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  publishFence();
   for (const Peer& p : peers_) {
     if (p.carried && p.head->sleeping.load(std::memory_order_acquire) != 0 &&
         p.head->boardWaiting.load(std::memory_order_relaxed) != 0) {

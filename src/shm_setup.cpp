@@ -2,6 +2,7 @@
 // (mapped and checked), the doorbells, and whether single-copy writes reach
 // each peer.
 #include <fcntl.h>
+#include <linux/membarrier.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -125,6 +126,8 @@ void ShmTransport::create() {
   head_->slotBytes = geometry_.slotBytes;
   head_->boardEntries = geometry_.boardEntries;
   head_->boardEntryBytes = geometry_.boardEntryBytes;
+  sleepBarrier_ = ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0U, 0) == 0;
+  head_->sleepBarrier = sleepBarrier_ ? 1 : 0;
   head_->base = reinterpret_cast<uintptr_t>(mine_.get());
   head_->nonce = (uint64_t{random()} << 32 | random()) | 1;
   for (uint32_t lane = 0; lane < geometry_.lanes; ++lane) {
@@ -222,6 +225,16 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
     p.singleCopy = singleCopy_ && probeSingleCopy(rank, p);
     group.set(fmt::format("mapped/{}/{}", rank_, name.substr(1)), toBytes("1"));
   }
+  lightPublish_ = sleepBarrier_;
+  for (int rank = 0; rank < size_; ++rank) {
+    const Peer& p = peers_[idx(rank)];
+    if (p.carried) lightPublish_ = lightPublish_ && p.head->sleepBarrier == 1;
+  }
+  log(LogLevel::Debug, "shared memory: {}",
+      lightPublish_
+          ? "publishing without a fence (every local rank issues membarrier before it sleeps)"
+          : "publishing with a fence (membarrier(GLOBAL_EXPEDITED) is not available to every local "
+            "rank)");
   for (int rank = 0; rank < size_; ++rank) {
     if (peers_[idx(rank)].carried) group.get(fmt::format("mapped/{}/{}", rank, name_.substr(1)));
   }

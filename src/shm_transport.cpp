@@ -1,8 +1,11 @@
 #include "src/shm_transport.hpp"
 
+#include <linux/membarrier.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -41,7 +44,7 @@ uint64_t ShmTransport::ringSpace(int to, Peer& p) const {
 void ShmTransport::publish(Peer& p, Record r) {
   p.outRecords[p.outTail % geometry_.ringEntries] = r;
   p.out->tail.store(++p.outTail, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  publishFence();
   if (p.head->sleeping.load(std::memory_order_relaxed) != 0) {
     ringDoorbell(p);
   }
@@ -190,9 +193,18 @@ std::vector<int> ShmTransport::takeDisconnected() {
   return gone;
 }
 
+// The other half of publishFence(): the flag is raised before this rank
+// looks for work again (Progress::sleep). With sleepBarrier_, the membarrier
+// makes every registered peer's thread pass a full fence in the meantime, so
+// a peer either saw the flag or published before this rank looks.
 void ShmTransport::arm() {
   head_->sleeping.store(1);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!sleepBarrier_ || ::syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0U, 0) != 0) {
+    // Registered, it cannot fail; if it did, a wake-up could be missed, and
+    // a thread that sleeps with work pending still wakes every
+    // Progress::kSleepSlice.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
 }
 
 void ShmTransport::consumeEvents() {

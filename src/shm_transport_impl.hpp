@@ -29,7 +29,7 @@ using wire::Header;
 using wire::kHeaderBytes;
 
 constexpr uint64_t kMagic = 0x524443434d485331;  // "RDCCMHS1"
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free,
@@ -53,6 +53,10 @@ struct SegmentHead {
   // The one-shot board after the lanes (0 entries: none).
   uint32_t boardEntries = 0;
   uint32_t boardEntryBytes = 0;
+  // 1: after raising `sleeping` the owner issues membarrier(GLOBAL_EXPEDITED)
+  // before it looks for work (ShmTransport::arm), so a peer that registered
+  // for it may publish and then read `sleeping` without a fence of its own.
+  uint32_t sleepBarrier = 0;
   alignas(64) std::atomic<uint32_t> sleeping{0};  // the owner sleeps: ring its doorbell
   // The owner's engine runs a one-shot collective (Board::engineWaits): only
   // then do board posts and reads ring a sleeping owner's doorbell.
@@ -193,8 +197,21 @@ class ShmTransport final : public Transport, public Board {
            (sequence % geometry_.boardEntries) * geometry_.boardEntryBytes;
   }
   // Rings the doorbell of every peer that sleeps while its engine waits on
-  // the board (after a fence: a Dekker pair with arm()).
+  // the board (after publishFence(): a Dekker pair with arm()).
   void wakeSleepingPeers() const;
+  // Between publishing something (a ring tail, a board entry, a consumed
+  // mark) and reading whether a peer sleeps: a full fence, or only the
+  // compiler's when every peer pays for the pair in arm() (membarrier, the
+  // asymmetric Dekker pattern): the fence stalls every small message's
+  // sender for a cache-line transfer, the membarrier costs only a rank that
+  // goes to sleep.
+  void publishFence() const {
+    if (lightPublish_) {
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    } else {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+    }
+  }
   void create();
   void attach(Store& store, const std::string& group);
   // Free ring entries in peer's lane; throws when the peer corrupted its head.
@@ -224,6 +241,11 @@ class ShmTransport final : public Transport, public Board {
   size_t creditReserve_ = 0;
   uint64_t arrivals_ = 0;
   bool singleCopy_;  // RDMACC_SHM_SINGLE_COPY
+  // This process registered for membarrier(GLOBAL_EXPEDITED): arm() issues
+  // one (SegmentHead::sleepBarrier).
+  bool sleepBarrier_ = false;
+  // And so does every local peer: publishFence() is the compiler's only.
+  bool lightPublish_ = false;
 };
 
 }  // namespace rdmacc::shm
