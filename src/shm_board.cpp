@@ -15,8 +15,7 @@ namespace rdmacc::shm {
 // consumed marks are read again only when the one seen last is too old:
 // their cache lines stay with their owners while the board has room.
 bool ShmTransport::writable(uint64_t sequence) {
-  const auto* entry = reinterpret_cast<const BoardEntry*>(boardEntry(mine_.get(), sequence));
-  const uint64_t previous = entry->sequence.load(std::memory_order_relaxed);
+  const uint64_t previous = posted_[sequence % kBoardEntries];
   if (previous == 0) return true;
   for (Peer& p : peers_) {
     if (!p.carried || p.boardConsumed >= previous) continue;
@@ -27,7 +26,8 @@ bool ShmTransport::writable(uint64_t sequence) {
 }
 
 void ShmTransport::post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) {
-  auto* entry = reinterpret_cast<BoardEntry*>(boardEntry(mine_.get(), sequence));
+  auto* entry = reinterpret_cast<BoardEntry*>(boardEntry(board_, sequence));
+  posted_[sequence % kBoardEntries] = sequence;
   entry->check = check;
   entry->bytes = bytes;
   if (bytes > 0) std::memcpy(reinterpret_cast<uint8_t*>(entry) + kBoardEntryHead, data, bytes);
@@ -39,7 +39,7 @@ void ShmTransport::post(uint64_t sequence, uint64_t check, const uint8_t* data, 
 // occupant, so what this rank reads here stays until it calls consumed().
 const uint8_t* ShmTransport::peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) {
   Peer& p = peers_[idx(peer)];
-  const auto* entry = reinterpret_cast<const BoardEntry*>(boardEntry(p.mapping.get(), sequence));
+  const auto* entry = reinterpret_cast<const BoardEntry*>(boardEntry(p.board, sequence));
   const uint64_t posted = entry->sequence.load(std::memory_order_acquire);
   if (posted < sequence) return nullptr;  // not yet (it holds an earlier collective's)
   if (posted > sequence) {

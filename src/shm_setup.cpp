@@ -133,6 +133,7 @@ void ShmTransport::create() {
   for (uint32_t lane = 0; lane < geometry_.lanes; ++lane) {
     new (mine_.get() + geometry_.laneOffset(lane)) RingHead{};
   }
+  board_ = mine_.get() + geometry_.boardOffset();
   for (uint32_t entry = 0; entry < geometry_.boardEntries; ++entry) {
     new (mine_.get() + geometry_.boardOffset() + size_t{entry} * geometry_.boardEntryBytes)
         BoardEntry{};
@@ -211,6 +212,7 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
                   "RDMACC_SLOT_BYTES and RDMACC_SHM_ONE_SHOT_BYTES on every rank"});
     }
     if (present < bytes) throw tooSmall();
+    p.board = p.mapping.get() + geometry_.boardOffset();
     uint8_t* theirs = p.mapping.get() + geometry_.laneOffset(laneIn(rank, rank_));
     p.out = reinterpret_cast<RingHead*>(theirs);
     p.outRecords = reinterpret_cast<Record*>(theirs + sizeof(RingHead));

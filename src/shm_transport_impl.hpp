@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -138,6 +139,7 @@ struct Peer {
   SlotWindow window;
   bool singleCopy = false;     // direct writes into its memory (cma) work
   uint64_t boardConsumed = 0;  // its head's boardConsumed as last read
+  uint8_t* board = nullptr;    // its board in its segment
 };
 
 class ShmTransport final : public Transport, public Board {
@@ -182,7 +184,7 @@ class ShmTransport final : public Transport, public Board {
   bool writable(uint64_t sequence) override;
   void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override;
   const uint8_t* mine(uint64_t sequence) const override {
-    return boardEntry(mine_.get(), sequence) + kBoardEntryHead;
+    return boardEntry(board_, sequence) + kBoardEntryHead;
   }
   const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override;
   void consumed(uint64_t sequence) override;
@@ -192,9 +194,10 @@ class ShmTransport final : public Transport, public Board {
 
  private:
   static size_t idx(int rank) { return static_cast<size_t>(rank); }
-  uint8_t* boardEntry(uint8_t* segment, uint64_t sequence) const {
-    return segment + geometry_.boardOffset() +
-           (sequence % geometry_.boardEntries) * geometry_.boardEntryBytes;
+  // Every rank's board has kBoardEntries (attach() checked): a mask, not a
+  // division, on the one-shot path.
+  uint8_t* boardEntry(uint8_t* board, uint64_t sequence) const {
+    return board + (sequence % kBoardEntries) * geometry_.boardEntryBytes;
   }
   // Rings the doorbell of every peer that sleeps while its engine waits on
   // the board (after publishFence(): a Dekker pair with arm()).
@@ -235,6 +238,11 @@ class ShmTransport final : public Transport, public Board {
   bool unlinked_ = true;
   Mapping mine_;
   SegmentHead* head_ = nullptr;
+  uint8_t* board_ = nullptr;  // ours, in our segment
+  // The collective this rank last posted to each of its entries (what a
+  // peer must have consumed before the entry is written again): kept here,
+  // not read back from the shared entry.
+  std::array<uint64_t, kBoardEntries> posted_{};
   net::Fd doorbell_;  // bound: peers wake us through it
   net::Fd bell_;      // unbound: we wake peers through it
   std::vector<Peer> peers_;
