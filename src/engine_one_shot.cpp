@@ -22,7 +22,9 @@ std::shared_ptr<Work> Engine::tryOneShot(const OneShotCall& call, OperationFacto
     std::lock_guard lock(e.intakeMutex);
     if (e.brokenShared || !e.intake.empty() || !e.drained.load()) return nullptr;
     const uint64_t sequence = e.collectiveCount + 1;
-    if (!board->writable(sequence)) return nullptr;
+    // Nothing arrived that the engine has not seen (a peer's abort must fail
+    // this call, not be read after it).
+    if (!board->quiet() || !board->writable(sequence)) return nullptr;
     e.collectiveCount = sequence;
     board->post(sequence, call.checkValue, call.data, call.bytes);
     // Peers in rank order; the clock only every 64 polls, the first time to

@@ -71,6 +71,20 @@ void ShmTransport::consumed(uint64_t sequence) {
   wakeSleepingPeers();
 }
 
+// The peers' rings in our segment (the published head, not inHead: the
+// engine thread may be polling) and their departed flags: lines written only
+// when something happens.
+bool ShmTransport::quiet() const {
+  for (const Peer& p : peers_) {
+    if (!p.carried) continue;
+    if (p.in->tail.load(std::memory_order_acquire) != p.in->head.load(std::memory_order_acquire) ||
+        p.head->departed.load(std::memory_order_relaxed) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void ShmTransport::wakeSleepingPeers() const {
   publishFence();
   for (const Peer& p : peers_) {

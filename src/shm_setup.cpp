@@ -86,7 +86,8 @@ ShmTransport::ShmTransport(Store& store, const EngineOptions& options,
   if (options.shmOneShotBytes > 0 && geometry_.lanes + 1 == static_cast<uint32_t>(size_)) {
     geometry_.boardEntries = kBoardEntries;
     geometry_.boardEntryBytes =
-        static_cast<uint32_t>(kBoardEntryHead + roundUp(options.shmOneShotBytes, 64));
+        static_cast<uint32_t>(roundUp(kBoardEntryHead + options.shmOneShotBytes, 64));
+    oneShotBytes_ = options.shmOneShotBytes;
   }
   create();
   try {

@@ -30,7 +30,7 @@ using wire::Header;
 using wire::kHeaderBytes;
 
 constexpr uint64_t kMagic = 0x524443434d485331;  // "RDCCMHS1"
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free,
@@ -67,14 +67,16 @@ struct SegmentHead {
   alignas(64) std::atomic<uint64_t> boardConsumed{0};
 };
 
-// One entry of an owner's board: the payload follows at kBoardEntryHead.
+// One entry of an owner's board (64-byte aligned): the payload follows at
+// kBoardEntryHead, in the same cache line as the sequence up to 40 bytes, so
+// a reader of a small contribution takes one cache-line transfer, not two.
 // The owner writes check, bytes and the payload, then the sequence (release).
 struct BoardEntry {
   std::atomic<uint64_t> sequence{0};
   uint64_t check = 0;
   uint64_t bytes = 0;
 };
-constexpr size_t kBoardEntryHead = 64;
+constexpr size_t kBoardEntryHead = sizeof(BoardEntry);
 // Entries per rank: a rank may post this many one-shot collectives ahead of
 // the slowest peer's reading.
 constexpr uint32_t kBoardEntries = 8;
@@ -180,7 +182,7 @@ class ShmTransport final : public Transport, public Board {
   Board* board() noexcept override { return geometry_.boardEntries > 0 ? this : nullptr; }
 
   // Board (shm_board.cpp).
-  size_t maxBytes() const noexcept override { return geometry_.boardEntryBytes - kBoardEntryHead; }
+  size_t maxBytes() const noexcept override { return oneShotBytes_; }
   bool writable(uint64_t sequence) override;
   void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override;
   const uint8_t* mine(uint64_t sequence) const override {
@@ -188,6 +190,7 @@ class ShmTransport final : public Transport, public Board {
   }
   const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override;
   void consumed(uint64_t sequence) override;
+  bool quiet() const override;
   void engineWaits(bool waits) override {
     head_->boardWaiting.store(waits ? 1 : 0, std::memory_order_relaxed);
   }
@@ -248,7 +251,8 @@ class ShmTransport final : public Transport, public Board {
   std::vector<Peer> peers_;
   size_t creditReserve_ = 0;
   uint64_t arrivals_ = 0;
-  bool singleCopy_;  // RDMACC_SHM_SINGLE_COPY
+  bool singleCopy_;          // RDMACC_SHM_SINGLE_COPY
+  size_t oneShotBytes_ = 0;  // RDMACC_SHM_ONE_SHOT_BYTES when there is a board
   // This process registered for membarrier(GLOBAL_EXPEDITED): arm() issues
   // one (SegmentHead::sleepBarrier).
   bool sleepBarrier_ = false;

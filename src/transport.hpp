@@ -113,6 +113,10 @@ class Board {
   // posts and reads): only then do the peers' posts and reads wake it. The
   // caller's own fast path (Engine::tryOneShot) spins instead.
   virtual void engineWaits(bool waits) = 0;
+  // No message from a peer waits to be polled and no peer left: what a
+  // peer sent (an abort, a departure) is seen by the engine before a
+  // one-shot collective runs without it.
+  virtual bool quiet() const = 0;
 
  protected:
   ~Board() = default;
