@@ -71,6 +71,9 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_SHM_SINGLE_COPY", Bool, "1", "",
     "shared memory: receives of at least RDMACC_ZERO_COPY_MIN_BYTES are written in place by the sending rank with one copy (process_vm_writev, where the kernel permits: "
     "same user, Yama ptrace_scope 0, no seccomp filter against it); 0: every message through the slots (two copies)", 0, 0},
+  OptionSpec{"RDMACC_SHM_MEMBARRIER", Bool, "1", "",
+    "shared memory: ranks register for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) and issue one before they sleep, so that senders publish messages without a memory fence "
+    "(when every local rank registered); the membarrier interrupts the CPUs that run the group's ranks, only when a rank goes to sleep; 0: a fence on every send instead", 0, 0},
   OptionSpec{"RDMACC_SHM_ONE_SHOT_BYTES", Int, "4096", "bytes",
     "shared memory, every rank of the group on one host: allreduces of up to this size (algorithm auto) are one-shot: each rank posts its input to a board in its own segment "
     "and reduces everyone's in rank order, no messages; must be the same on every rank; 0: off (the auto choice below)", 0, 65536},

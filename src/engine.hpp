@@ -148,6 +148,10 @@ struct EngineOptions {
   // local peers, which write them in place with one copy (process_vm_writev)
   // where the kernel permits (RDMACC_SHM_SINGLE_COPY).
   bool shmSingleCopy = true;
+  // Shared memory: register for membarrier(GLOBAL_EXPEDITED) so that local
+  // senders need no fence before reading a peer's sleeping flag
+  // (RDMACC_SHM_MEMBARRIER; ShmTransport::publishFence).
+  bool shmMembarrier = true;
   // Shared memory, every peer on this host: allreduces up to this many bytes
   // are one-shot through the board (transport.hpp, Board). 0: never.
   size_t shmOneShotBytes = 4096;

@@ -73,7 +73,8 @@ ShmTransport::ShmTransport(Store& store, const EngineOptions& options,
     : rank_(options.rank),
       size_(options.size),
       peers_(static_cast<size_t>(options.size)),
-      singleCopy_(options.shmSingleCopy) {
+      singleCopy_(options.shmSingleCopy),
+      membarrier_(options.shmMembarrier) {
   for (int rank = 0; rank < size_; ++rank) {
     peers_[idx(rank)].carried = rank != rank_ && carried[idx(rank)];
     if (peers_[idx(rank)].carried) ++geometry_.lanes;
@@ -127,7 +128,8 @@ void ShmTransport::create() {
   head_->slotBytes = geometry_.slotBytes;
   head_->boardEntries = geometry_.boardEntries;
   head_->boardEntryBytes = geometry_.boardEntryBytes;
-  sleepBarrier_ = ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0U, 0) == 0;
+  sleepBarrier_ = membarrier_ &&
+                  ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0U, 0) == 0;
   head_->sleepBarrier = sleepBarrier_ ? 1 : 0;
   head_->base = reinterpret_cast<uintptr_t>(mine_.get());
   head_->nonce = (uint64_t{random()} << 32 | random()) | 1;
@@ -236,8 +238,8 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
   log(LogLevel::Debug, "shared memory: {}",
       lightPublish_
           ? "publishing without a fence (every local rank issues membarrier before it sleeps)"
-          : "publishing with a fence (membarrier(GLOBAL_EXPEDITED) is not available to every local "
-            "rank)");
+          : "publishing with a fence (RDMACC_SHM_MEMBARRIER=0, or membarrier(GLOBAL_EXPEDITED) not "
+            "available, on some local rank)");
   for (int rank = 0; rank < size_; ++rank) {
     if (peers_[idx(rank)].carried) group.get(fmt::format("mapped/{}/{}", rank, name_.substr(1)));
   }

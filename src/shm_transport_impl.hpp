@@ -253,6 +253,7 @@ class ShmTransport final : public Transport, public Board {
   uint64_t arrivals_ = 0;
   bool singleCopy_;          // RDMACC_SHM_SINGLE_COPY
   size_t oneShotBytes_ = 0;  // RDMACC_SHM_ONE_SHOT_BYTES when there is a board
+  bool membarrier_;          // RDMACC_SHM_MEMBARRIER
   // This process registered for membarrier(GLOBAL_EXPEDITED): arm() issues
   // one (SegmentHead::sleepBarrier).
   bool sleepBarrier_ = false;

@@ -189,6 +189,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .registrations = s.rails.empty() ? nullptr : s.registrations.get(),
           .zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES")),
           .shmSingleCopy = s.config.getBool("RDMACC_SHM_SINGLE_COPY"),
+          .shmMembarrier = s.config.getBool("RDMACC_SHM_MEMBARRIER"),
           .shmOneShotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SHM_ONE_SHOT_BYTES")),
           .keepalive = std::chrono::duration_cast<std::chrono::milliseconds>(
               s.config.getDuration("RDMACC_KEEPALIVE_INTERVAL")),
