@@ -42,9 +42,7 @@ std::shared_ptr<Work> Engine::tryOneShot(const OneShotCall& call, OperationFacto
       }
       if (next == e.size) {
         reduceBoard(*board, call, e.rank, e.size, sequence);
-        work = std::make_shared<Work>(OpType::Allreduce, sequence);
-        work->finish(nullptr);
-        return work;
+        return std::make_shared<Work>(OpType::Allreduce, sequence, Work::Completed{});
       }
       if (polls % 64 == 0) {
         const auto now = std::chrono::steady_clock::now();

@@ -21,6 +21,10 @@ Work::Work(OpType type, uint64_t sequence, std::function<void(const Work&)> abor
       sequence_(sequence),
       abortHandler_(std::move(abortHandler)),
       driver_(std::move(driver)) {}
+Work::Work(OpType type, uint64_t sequence, Completed) : type_(type), sequence_(sequence) {
+  completed_.store(true, std::memory_order_relaxed);
+  settled_.store(true, std::memory_order_relaxed);
+}
 Work::~Work() = default;
 
 // Lock-free: a caller driving progress asks after every round.

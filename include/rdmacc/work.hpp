@@ -54,6 +54,10 @@ class Work : public std::enable_shared_from_this<Work> {
   // lock (a small operation's wait takes none).
   Work(OpType type, uint64_t sequence, std::function<void(const Work&)> abortHandler = nullptr,
        std::shared_ptr<const ProgressDriver> driver = nullptr);
+  // Work that completed successfully before it was returned (an operation
+  // finished on the caller's thread): no lock taken, nobody to notify.
+  struct Completed {};
+  Work(OpType type, uint64_t sequence, Completed);
   virtual ~Work();
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
