@@ -77,6 +77,10 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_SHM_ONE_SHOT_BYTES", Int, "4096", "bytes",
     "shared memory, every rank of the group on one host: allreduces of up to this size (algorithm auto) are one-shot: each rank posts its input to a board in its own segment "
     "and reduces everyone's in rank order, no messages; must be the same on every rank; 0: off (the auto choice below)", 0, 65536},
+  OptionSpec{"RDMACC_RDMA_ONE_SHOT_BYTES", Int, "64", "bytes",
+    "RDMA, one rail carrying every peer of the group: allreduces of up to this size (algorithm auto; at most what one inline write carries, 104 bytes with 256 bytes inline) are one-shot: "
+    "each rank writes its input into every peer's board with one inline RDMA WRITE and reduces everyone's in rank order as they land (no receive completions); "
+    "the group has the board only when every rank offers it; 0: off", 0, 4096},
   OptionSpec{"RDMACC_TREE_MAX_BYTES", Int, "65536", "bytes",
     "auto algorithm choice: allreduce and broadcast up to this size use trees (allreduce in power-of-two groups: recursive doubling), larger ones ring/chain; "
     "allgathers up to this gathered size and reduce_scatters up to this input size go to every rank in one step (linear), larger ones around the ring", 0, int64_t{1} << 40},

@@ -155,6 +155,10 @@ struct EngineOptions {
   // Shared memory, every peer on this host: allreduces up to this many bytes
   // are one-shot through the board (transport.hpp, Board). 0: never.
   size_t shmOneShotBytes = 4096;
+  // RDMA, one rail carrying every peer: allreduces up to this many bytes
+  // (and what one inline write carries) are one-shot through the RDMA board.
+  // 0: never. Every rank must offer one for the group to have it.
+  size_t rdmaOneShotBytes = 64;
   // Keep-alive (RDMACC_KEEPALIVE_INTERVAL): the peers a pending operation
   // waits for are probed this often (Transport::probe), so a dead link or
   // host fails the operation within the retry budget instead of its
@@ -204,8 +208,10 @@ class Engine {
   // The small-allreduce fast path (engine_one_shot.cpp): when nothing is
   // pending (so nothing the call's buffer may depend on) and the board has
   // room, numbers the call, posts its contribution and waits up to
-  // spinLatencyBound for the peers': then reduces and returns completed Work,
-  // without an Operation or the engine. Peers still late: submits
+  // spinLatencyBound (a board that posts through the engine's queues, RDMA:
+  // spinWaitLatencyBound, under the progress lock) for the peers': then
+  // reduces and returns completed Work, without an Operation or the
+  // engine. Peers still late: submits
   // factory.make()'s operation as already posted and returns its Work.
   // Null when the fast path does not apply (submit as usual).
   std::shared_ptr<Work> tryOneShot(const OneShotCall& call, OperationFactory& factory);

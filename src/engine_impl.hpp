@@ -143,6 +143,8 @@ struct Engine::Impl final : TransportSink, Steppable {
         rail.group += fmt::format("/rail{}", i);
         rail.registrations = nullptr;
       }
+      // The board: only where this transport will carry every peer.
+      if (rails.size() > 1 || anyShm) rail.rdmaOneShotBytes = 0;
       children.push_back(makeRdmaTransport(*rails[i], store, rail));
     }
     if (children.size() == 1 && !anyShm) return std::move(children[0]);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 
 #include "rdmacc/error.hpp"
 #include "src/engine_impl.hpp"
@@ -14,7 +15,17 @@ namespace rdmacc {
 std::shared_ptr<Work> Engine::tryOneShot(const OneShotCall& call, OperationFactory& factory) {
   Impl& e = *impl_;
   Board* board = e.transport->board();
-  if (board == nullptr || e.options.trace != nullptr) return nullptr;  // traced: every stage
+  if (board == nullptr) return nullptr;
+  EventTrace* trace = e.options.trace;
+  // A board that posts through the engine's queues: this thread makes
+  // progress itself meanwhile (a round first: what arrived is seen before
+  // this call runs without the engine).
+  std::optional<Progress::Exclusive> exclusive;
+  if (board->exclusive()) {
+    exclusive.emplace(e.loop);
+    if (!exclusive->held()) return nullptr;
+    e.step();
+  }
   std::shared_ptr<Work> work;
   {
     // Held while waiting for the peers (spinLatencyBound): an operation submitted
@@ -26,15 +37,23 @@ std::shared_ptr<Work> Engine::tryOneShot(const OneShotCall& call, OperationFacto
     // this call, not be read after it).
     if (!board->quiet() || !board->writable(sequence)) return nullptr;
     e.collectiveCount = sequence;
+    // Traced as the engine's stages (a late call's are recorded again from
+    // its submission on).
+    traceStage(trace, EventTrace::Stage::Submit, false, sequence);
+    traceStage(trace, EventTrace::Stage::Start, false, sequence);
+    const int64_t posting = traceClock(trace);
     board->post(sequence, call.checkValue, call.data, call.bytes);
+    tracePost(trace, false, sequence, e.rank == 0 ? 1 : 0, posting);
     // Peers in rank order; the clock only every 64 polls, the first time to
     // start the spin (most calls end before: no clock read at all).
     int next = 0;
-    std::chrono::steady_clock::time_point until{};
+    std::chrono::steady_clock::time_point until{}, yieldFrom{};
+    bool yielding = false;
     for (unsigned polls = 1;; ++polls) {
       try {
         while (next < e.size && (next == e.rank || board->peek(next, sequence, call.checkValue,
                                                                call.bytes) != nullptr)) {
+          if (next != e.rank) traceStage(trace, EventTrace::Stage::Arrival, false, sequence, next);
           ++next;
         }
       } catch (const Error&) {
@@ -42,17 +61,27 @@ std::shared_ptr<Work> Engine::tryOneShot(const OneShotCall& call, OperationFacto
       }
       if (next == e.size) {
         reduceBoard(*board, call, e.rank, e.size, sequence);
+        traceStage(trace, EventTrace::Stage::Done, false, sequence);
+        traceStage(trace, EventTrace::Stage::Finish, false, sequence);
+        if (exclusive) exclusive->done();
         return std::make_shared<Work>(OpType::Allreduce, sequence, Work::Completed{});
       }
       if (polls % 64 == 0) {
         const auto now = std::chrono::steady_clock::now();
         if (polls == 64) {
-          until = now + e.options.spinLatencyBound;
+          // RDMA (exclusive): a peer is late by a whole post of its own
+          // (tens of microseconds under emulation); this thread spins as
+          // long as a caller blocked in wait() would, yielding past the
+          // engine's spin.
+          until = now + (exclusive ? e.options.spinWaitLatencyBound : e.options.spinLatencyBound);
+          yieldFrom = now + e.options.spinLatencyBound;
         } else if (now >= until) {
           break;
+        } else if (exclusive && now >= yieldFrom) {
+          yielding = true;
         }
       }
-      if (e.options.spinYield) sched_yield();
+      if (e.options.spinYield || yielding) sched_yield();
     }
     // The peers are late: the engine waits for them (and times out, or sees
     // them leave) as for any operation.

@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 
@@ -84,6 +85,11 @@ void Progress::sleep(std::chrono::microseconds maxWait, bool mayIdle) {
       return;
     }
     idle = mayIdle && engine_.idle();
+    // Posts that raise no event (the RDMA board's) are polled for instead.
+    if (auto limit = transport_.pollingSleep()) {
+      idle = false;
+      maxWait = std::min(maxWait, *limit);
+    }
   }
   waitForEvents(/*events=*/true,
                 idle ? std::nullopt : std::optional<std::chrono::microseconds>(maxWait));
@@ -153,9 +159,24 @@ void Progress::drive(const Work& work, Clock::time_point until) {
       sched_yield();
     }
   }
+  driverLeaves(completed);
+}
+
+void Progress::driverLeaves(bool completed) {
   driverLeft_.store(completed ? Clock::now().time_since_epoch().count() : 0);
   drivers_.fetch_sub(1);
   if (!completed) wake();  // the engine thread takes over at once
+}
+
+Progress::Exclusive::Exclusive(Progress& progress) : progress_(progress) {
+  progress_.drivers_.fetch_add(1);
+  lock_ = std::unique_lock(progress_.mutex_);
+  if (progress_.stopped_) lock_.unlock();
+}
+
+Progress::Exclusive::~Exclusive() {
+  if (lock_.owns_lock()) lock_.unlock();
+  progress_.driverLeaves(done_);
 }
 
 std::chrono::microseconds Progress::spinTime() const {

@@ -69,6 +69,27 @@ class Progress {
   // work spins for spinLatencyBound.
   void setLatencyBound(bool value) { latencyBound_.store(value, std::memory_order_relaxed); }
 
+  // A caller that runs an operation itself with the transport (a one-shot
+  // collective on a board that posts through the engine's queues, Board::
+  // exclusive()): holds the progress lock, and the engine thread stays out
+  // of its way as for a driver. Null when progress has stopped.
+  class Exclusive {
+   public:
+    explicit Exclusive(Progress& progress);
+    ~Exclusive();
+    Exclusive(const Exclusive&) = delete;
+    Exclusive& operator=(const Exclusive&) = delete;
+    bool held() const { return lock_.owns_lock(); }
+    // The operation completed here (the engine thread keeps parked a moment
+    // longer: the caller is likely back with the next one).
+    void done() { done_ = true; }
+
+   private:
+    Progress& progress_;
+    std::unique_lock<std::mutex> lock_;
+    bool done_ = false;
+  };
+
   // A caller waiting for `work` makes progress itself until it completes or
   // `until`. Work::wait() then blocks for what is left, if anything.
   void drive(const Work& work, std::chrono::steady_clock::time_point until);
@@ -77,6 +98,7 @@ class Progress {
   void run(const std::stop_token& stop);
   void sleep(std::chrono::microseconds maxWait, bool mayIdle);
   void waitForEvents(bool events, std::optional<std::chrono::microseconds> limit);
+  void driverLeaves(bool completed);
   std::chrono::microseconds spinTime() const;
   std::chrono::microseconds driverSpinTime() const;
   std::chrono::microseconds driverPause() const;

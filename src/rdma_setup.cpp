@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
+#include "src/board_words.hpp"
 #include "src/rdma_transport.hpp"
 #include "src/rdma_transport_impl.hpp"
 #include "src/store_util.hpp"
@@ -61,12 +62,28 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const EngineOptions& opti
   stagingRegion_ = PageBuffer(region);
   stagingMr_ =
       verbs::registerMemory(mesh.pd(), stagingRegion_.data(), region, IBV_ACCESS_LOCAL_WRITE);
-  connect(store, options.group);
+  connect(store, options.group, options.rdmaOneShotBytes);
 }
 
-// Publishes "base:slots:slotBytes:rkey,rkey,..." (one rkey per peer, in rank
-// order without this rank) and sets up every peer from what it published.
-void RdmaTransport::connect(Store& store, const std::string& groupName) {
+// The one-shot board this rank offers: RDMACC_RDMA_ONE_SHOT_BYTES, as far as
+// one inline write carries an entry to every peer; none when a peer is not
+// on this rail's mesh (shared memory) or with a single rank.
+static size_t boardBytesOffered(const Mesh& mesh, size_t wanted) {
+  if (wanted == 0 || mesh.size() < 2) return 0;
+  uint32_t inlineBytes = UINT32_MAX;
+  for (int rank = 0; rank < mesh.size(); ++rank) {
+    if (rank == mesh.rank()) continue;
+    if (!mesh.connects(rank)) return 0;
+    inlineBytes = std::min(inlineBytes, verbs::maxInlineData(mesh.qp(rank, 0)));
+  }
+  return std::min(wanted, board_words::maxPayload(inlineBytes));
+}
+
+// Publishes "base:slots:slotBytes:rkey,...:boardBytes:boardBase:boardStride:rkey,..."
+// (one rkey per peer, in rank order without this rank) and sets up every
+// peer from what it published. The board exists when every rank offers one
+// (its size: the smallest offered).
+void RdmaTransport::connect(Store& store, const std::string& groupName, size_t boardBytes) {
   const size_t perPeer = static_cast<size_t>(slotsPerPeer_) * slotBytes_;
   std::string rkeys;
   for (int p = 0; p < size_; ++p) {
@@ -75,17 +92,34 @@ void RdmaTransport::connect(Store& store, const std::string& groupName) {
                                              perPeer, verbs::kRemoteWriteAccess));
     rkeys += fmt::format("{}{}", rkeys.empty() ? "" : ",", recvMrs_.back()->rkey);
   }
+  boardBytes = boardBytesOffered(mesh_, boardBytes);
+  std::string boardRkeys;
+  if (boardBytes > 0) {
+    boardStride_ = (8 * board_words::entryWords(boardBytes) + 63) / 64 * 64;
+    const size_t perSource = kBoardEntries * boardStride_;
+    boardRegion_ = PageBuffer(static_cast<size_t>(size_) * perSource);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      boardMrs_.push_back(verbs::registerMemory(
+          mesh_.pd(), boardRegion_.data() + static_cast<size_t>(p) * perSource, perSource,
+          verbs::kRemoteWriteAccess));
+      boardRkeys += fmt::format("{}{}", boardRkeys.empty() ? "" : ",", boardMrs_.back()->rkey);
+    }
+  }
   PrefixStore group("rdmacc/engine/" + groupName, std::shared_ptr<Store>(&store, [](Store*) {}));
   group.set(fmt::format("slots/{}", rank_),
-            toBytes(fmt::format("{}:{}:{}:{}", reinterpret_cast<uintptr_t>(recvRegion_.data()),
-                                slotsPerPeer_, slotBytes_, rkeys)));
+            toBytes(fmt::format(
+                "{}:{}:{}:{}:{}:{}:{}:{}", reinterpret_cast<uintptr_t>(recvRegion_.data()),
+                slotsPerPeer_, slotBytes_, rkeys, boardBytes,
+                reinterpret_cast<uintptr_t>(boardRegion_.data()), boardStride_, boardRkeys)));
   peers_.resize(static_cast<size_t>(size_));
+  size_t groupBoard = boardBytes;
   for (int rank = 0; rank < size_; ++rank) {
     if (rank == rank_) continue;
     const std::string key = fmt::format("slots/{}", rank);
     const std::string text = toString(group.get(key));
     const auto fields = splitFields(text, ':');
-    if (fields.size() != 4) {
+    if (fields.size() != 8) {
       throw Error(ErrorKind::Protocol,
                   fmt::format("rank {} published malformed slot information '{}'", rank, text));
     }
@@ -100,6 +134,22 @@ void RdmaTransport::connect(Store& store, const std::string& groupName) {
                                                    rank, peerRkeys.size(), size_));
     }
     const auto rkey = static_cast<uint32_t>(storeNumber(peerRkeys[mine], UINT32_MAX, key));
+    // The peer's board: our entries there, if it has one.
+    const size_t peerBoard = storeNumber(fields[4], 1u << 20, key);
+    groupBoard = std::min(groupBoard, peerBoard);
+    if (peerBoard > 0) {
+      const uint64_t boardBase = storeNumber(fields[5], UINT64_MAX, key);
+      const size_t stride = storeNumber(fields[6], 1u << 24, key);
+      const auto boardKeys = splitFields(fields[7], ',');
+      if (stride < 8 * board_words::entryWords(peerBoard) ||
+          boardKeys.size() != static_cast<size_t>(size_ - 1)) {
+        throw Error(ErrorKind::Protocol,
+                    fmt::format("rank {} published a malformed one-shot board '{}'", rank, text));
+      }
+      peer(rank).boardRemote =
+          boardBase + static_cast<uint64_t>(rank_) * kBoardEntries * static_cast<uint64_t>(stride);
+      peer(rank).boardRkey = static_cast<uint32_t>(storeNumber(boardKeys[mine], UINT32_MAX, key));
+    }
     if (slots != slotsPerPeer_ || slotBytes != slotBytes_) {
       throw Error(ErrorInfo{
           .kind = ErrorKind::InvalidArgument,
@@ -123,6 +173,7 @@ void RdmaTransport::connect(Store& store, const std::string& groupName) {
     p.slotWrites.resize(static_cast<size_t>(slots));
     for (Lane& lane : p.lanes) lane.posted.reserve(mesh_.qpParams().sendDepth);
   }
+  setUpBoard(groupBoard);
 }
 
 }  // namespace rdma

@@ -178,6 +178,7 @@ bool RdmaTransport::poll(TransportSink& sink) {
   if (!asyncFailures_.empty()) deliverAsyncFailures(sink);
   std::array<ibv_wc, 64> wcs;
   int n = mesh_.cq().poll(wcs);
+  pollSaturated_ = n == static_cast<int>(wcs.size());
   for (int i = 0; i < n; ++i) {
     const ibv_wc& wc = wcs[static_cast<size_t>(i)];
     WrId id = unpack(wc.wr_id);

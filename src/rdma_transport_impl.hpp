@@ -69,9 +69,18 @@ struct PeerState {
   SlotWindow window;                  // credits, held slots, arrival checks
   std::vector<int> freeStaging;       // our staging slots for this peer
   std::vector<SlotWrite> slotWrites;  // by staging slot: zero-copy payloads in flight
+  // This rank's entries in the peer's one-shot board (rdma_board.cpp).
+  uint64_t boardRemote = 0;
+  uint32_t boardRkey = 0;
 };
 
-class RdmaTransport final : public Transport {
+// Entries per source in a one-shot board: two, used alternately. A rank
+// posts board operation b+2 only after it read every peer's b+1, which each
+// peer posted only after it had read b: the entry b+2 overwrites is free, no
+// consumed marks travel.
+inline constexpr size_t kBoardEntries = 2;
+
+class RdmaTransport final : public Transport, public Board {
  public:
   RdmaTransport(Mesh& mesh, Store& store, const EngineOptions& options);
 
@@ -110,6 +119,22 @@ class RdmaTransport final : public Transport {
   }
   void drain(const std::vector<bool>& dead) override;
   void probe(int peer) override;
+  Board* board() noexcept override { return boardMax_ > 0 ? this : nullptr; }
+  std::optional<std::chrono::microseconds> pollingSleep() override;
+
+  // Board (rdma_board.cpp): one inline RDMA WRITE per peer and operation
+  // into the peer's board region, read there by polling memory
+  // (board_words.hpp); posted through lane 0's queue like any write, so
+  // only with the progress lock (exclusive()).
+  size_t maxBytes() const noexcept override { return boardMax_; }
+  bool writable(uint64_t sequence) override;
+  void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override;
+  const uint8_t* mine(uint64_t) const override { return boardMine_.data(); }
+  const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override;
+  void consumed(uint64_t sequence) override;
+  void engineWaits(bool waits) override;
+  bool quiet() const override { return !pollSaturated_; }
+  bool exclusive() const noexcept override { return true; }
 
  private:
   // Both regions hold slotsPerPeer slots for every other rank, in rank order
@@ -129,7 +154,7 @@ class RdmaTransport final : public Transport {
   PeerState& peer(int rank) { return peers_[static_cast<size_t>(rank)]; }
   const PeerState& peer(int rank) const { return peers_[static_cast<size_t>(rank)]; }
 
-  void connect(Store& store, const std::string& group);
+  void connect(Store& store, const std::string& group, size_t boardBytes);
   int signalRun() const { return std::max(1, slotsPerPeer_ / 4); }
   bool mustSignal(const PeerState& p, const Lane& lane, bool usesStaging) const;
   static void posted(Lane& lane, int staging, bool signaled) {
@@ -180,6 +205,26 @@ class RdmaTransport final : public Transport {
   std::vector<PeerState> peers_;
   size_t creditReserve_ = 0;
   uint64_t arrivals_ = 0;
+  bool pollSaturated_ = false;  // the last poll() took as many completions as it could
+
+  // The one-shot board: kBoardEntries entries of boardStride_ bytes per
+  // source rank, [source][entry], each source's registered on its own (its
+  // rkey lets that peer write its own entries and nothing else).
+  void setUpBoard(size_t maxBytes);
+  size_t boardMax_ = 0;  // the group's: 0, no board
+  size_t boardStride_ = 0;
+  PageBuffer boardRegion_;
+  std::vector<verbs::MrPtr> boardMrs_;  // by peerIndex
+  uint64_t boardPosted_ = 0;            // board operations posted so far
+  uint64_t boardSequence_ = 0;          // the collective of the open one
+  size_t boardBytes_ = 0;
+  bool boardOpen_ = false;  // posted, not yet consumed
+  std::vector<uint64_t> boardWords_;
+  std::vector<uint8_t> boardMine_;
+  std::vector<uint8_t> boardIn_;    // [rank][boardMax_]: peers' decoded payloads
+  std::vector<uint8_t> boardHave_;  // by rank: decoded for the open operation
+  bool boardWaits_ = false;
+  std::chrono::microseconds boardSleep_{0};
 };
 
 }  // namespace rdma

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -117,6 +118,12 @@ class Board {
   // peer sent (an abort, a departure) is seen by the engine before a
   // one-shot collective runs without it.
   virtual bool quiet() const = 0;
+  // Posting goes through the transport's queues, which the engine owns:
+  // the caller's fast path runs under the progress lock, after a round of
+  // progress (which polls what arrived: quiet() then tells whether that
+  // round saw everything). Shared memory posts into its own segment and
+  // needs neither.
+  virtual bool exclusive() const noexcept { return false; }
 
  protected:
   ~Board() = default;
@@ -187,8 +194,14 @@ class Transport {
   // an operation waiting for it times out.
   virtual std::string describePeer(int peer) const = 0;
 
+  // While a one-shot collective waits for posts that raise no event (RDMA:
+  // plain writes into memory), how long a thread may sleep before it looks
+  // again; nullopt: events wake it.
+  virtual std::optional<std::chrono::microseconds> pollingSleep() { return std::nullopt; }
+
   // The one-shot board, when every peer shares this rank's memory and
-  // RDMACC_SHM_ONE_SHOT_BYTES is not 0; null otherwise.
+  // RDMACC_SHM_ONE_SHOT_BYTES is not 0, or one RDMA rail carries every peer
+  // and RDMACC_RDMA_ONE_SHOT_BYTES is not 0 on every rank; null otherwise.
   virtual Board* board() noexcept { return nullptr; }
 };
 

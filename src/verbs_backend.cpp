@@ -191,6 +191,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
           .shmSingleCopy = s.config.getBool("RDMACC_SHM_SINGLE_COPY"),
           .shmMembarrier = s.config.getBool("RDMACC_SHM_MEMBARRIER"),
           .shmOneShotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SHM_ONE_SHOT_BYTES")),
+          .rdmaOneShotBytes = static_cast<size_t>(s.config.getInt("RDMACC_RDMA_ONE_SHOT_BYTES")),
           .keepalive = std::chrono::duration_cast<std::chrono::milliseconds>(
               s.config.getDuration("RDMACC_KEEPALIVE_INTERVAL")),
           .trace = s.trace.get()});

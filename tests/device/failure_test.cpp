@@ -248,10 +248,13 @@ TEST(Failure, StoppedRankIsNamedByEverySurvivor) {
   }
 }
 
-TEST(Failure, MismatchedSizesFailEveryRank) {
-  auto backend = makeBackend("mismatch");
+// Rank 0 allreduces `count0` elements, the others `countOthers`: every rank
+// fails within the timeout, naming the mismatch or the rank that saw it.
+void expectMismatchFails(const char* group, size_t count0, size_t countOthers) {
+  auto backend = makeBackend(group);
   const int rank = backend->getRank();
-  std::vector<int32_t> data(rank == 0 ? 100 : 150, 1);
+  backend->barrier()->wait();
+  std::vector<int32_t> data(rank == 0 ? count0 : countOthers, 1);
   std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Int32}};
   auto start = Clock::now();
   auto [error, took] = outcome(backend->allreduce(t, AllreduceOptions{.timeout = 10s}), start);
@@ -260,6 +263,16 @@ TEST(Failure, MismatchedSizesFailEveryRank) {
   bool named = error.find("same sizes") != std::string::npos ||
                error.find("reported a failure") != std::string::npos;
   EXPECT_TRUE(named) << error;
+}
+
+TEST(Failure, MismatchedSizesFailEveryRank) {
+  expectMismatchFails("mismatch", 100, 150);
+}
+
+// Small enough for the one-shot board on every rank (RDMACC_RDMA_ONE_SHOT_BYTES,
+// RDMACC_SHM_ONE_SHOT_BYTES): the entries disagree in size.
+TEST(Failure, MismatchedSizesOnTheOneShotBoardFailEveryRank) {
+  expectMismatchFails("mismatch-board", 2, 3);
 }
 
 TEST(Failure, MonitoredBarrierNamesTheMissingRanks) {

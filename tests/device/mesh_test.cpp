@@ -368,26 +368,42 @@ TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
   }
   for (auto& t : threads) t.join();
   for (const auto& e : errors) ASSERT_EQ(e, "");
-  // What rank r published: its region's base and one rkey per peer.
-  auto published = [&](int r) {
+  // What rank r published ("base:slots:bytes:rkeys:boardBytes:boardBase:
+  // boardStride:boardRkeys"): a region's base and one rkey per peer, for
+  // the slots (field 0) or the one-shot board (field 5).
+  auto published = [&](int r, size_t baseField = 0) {
     const std::string text = toString(store.get(fmt::format("rdmacc/engine/exposed/slots/{}", r)));
-    const auto base = std::stoull(text.substr(0, text.find(':')));
+    std::vector<std::string> fields;
+    for (size_t at = 0; at <= text.size();) {
+      size_t colon = std::min(text.find(':', at), text.size());
+      fields.push_back(text.substr(at, colon - at));
+      at = colon + 1;
+    }
+    EXPECT_EQ(fields.size(), 8u) << text;
+    const auto base = std::stoull(fields.at(baseField));
     std::vector<uint32_t> rkeys;
-    std::string list = text.substr(text.rfind(':') + 1);
+    const std::string& list = fields.at(baseField == 0 ? 3 : 7);
     for (size_t at = 0; at <= list.size();) {
       size_t comma = std::min(list.find(',', at), list.size());
       rkeys.push_back(static_cast<uint32_t>(std::stoul(list.substr(at, comma - at))));
       at = comma + 1;
     }
-    return std::pair(base, rkeys);
+    return std::tuple(base, rkeys, fields.size() == 8 ? std::stoull(fields[6]) : 0);
   };
-  Mesh& attacker = *meshes[1];
   PageBuffer local(4096);
-  auto mr =
-      verbs::registerMemory(attacker.pd(), local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
+  // Each attempt that fails breaks the attacker's queue pair: rank 1 tries
+  // the slots, rank 2 the board.
+  Mesh* attackerMesh = meshes[1].get();
+  std::vector<verbs::MrPtr> mrs;
+  for (int r : {1, 2}) {
+    mrs.push_back(verbs::registerMemory(meshes[static_cast<size_t>(r)]->pd(), local.data(),
+                                        local.size(), IBV_ACCESS_LOCAL_WRITE));
+  }
+  const verbs::MrPtr* mr = &mrs[0];
   uint64_t nextId = 1000;
   auto attempt = [&](ibv_qp* qp, ibv_wr_opcode opcode, uint64_t remote, uint32_t rkey) {
-    ibv_sge sge{.addr = reinterpret_cast<uintptr_t>(local.data()), .length = 64, .lkey = mr->lkey};
+    ibv_sge sge{
+        .addr = reinterpret_cast<uintptr_t>(local.data()), .length = 64, .lkey = (*mr)->lkey};
     ibv_send_wr wr{};
     wr.wr_id = ++nextId;
     wr.sg_list = &sge;
@@ -401,7 +417,7 @@ TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
     const auto deadline = Clock::now() + 20s;
     while (Clock::now() < deadline) {
       std::array<ibv_wc, 4> wcs;
-      const int n = attacker.cq().poll(wcs);
+      const int n = attackerMesh->cq().poll(wcs);
       for (int i = 0; i < n; ++i) {
         if (wcs[static_cast<size_t>(i)].wr_id == wr.wr_id)
           return wcs[static_cast<size_t>(i)].status;
@@ -411,21 +427,33 @@ TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
     return IBV_WC_GENERAL_ERR;
   };
   // Rank 0's slots for rank 1 (the first of rank 0's peers): writable, not readable.
-  const auto [base0, rkeys0] = published(0);
+  const auto [base0, rkeys0, unused0] = published(0);
   ASSERT_EQ(rkeys0.size(), 2u);
-  EXPECT_EQ(attempt(attacker.qp(0), IBV_WR_RDMA_WRITE, base0, rkeys0[0]), IBV_WC_SUCCESS);
+  EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, base0, rkeys0[0]), IBV_WC_SUCCESS);
   // Refused by the peer's queue pair (no remote read access: rxe says
   // "invalid request") or by its memory region (access error).
-  const auto read = attempt(attacker.qp(0), IBV_WR_RDMA_READ, base0, rkeys0[0]);
+  const auto read = attempt(attackerMesh->qp(0), IBV_WR_RDMA_READ, base0, rkeys0[0]);
   EXPECT_TRUE(read == IBV_WC_REM_INV_REQ_ERR || read == IBV_WC_REM_ACCESS_ERR)
       << ibv_wc_status_str(read);
   // Rank 2's region: rank 0's slots first, then rank 1's. Rank 1's rkey
   // opens its own slots only.
-  const auto [base2, rkeys2] = published(2);
+  const auto [base2, rkeys2, unused2] = published(2);
   ASSERT_EQ(rkeys2.size(), 2u);
   const uint64_t ownAtRank2 = base2 + kSlots * kSlotBytes4k;
-  EXPECT_EQ(attempt(attacker.qp(2), IBV_WR_RDMA_WRITE, ownAtRank2, rkeys2[1]), IBV_WC_SUCCESS);
-  EXPECT_EQ(attempt(attacker.qp(2), IBV_WR_RDMA_WRITE, base2, rkeys2[1]), IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, ownAtRank2, rkeys2[1]), IBV_WC_SUCCESS);
+  EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, base2, rkeys2[1]),
+            IBV_WC_REM_ACCESS_ERR);
+  // The one-shot board the same: [source rank][2 entries of `stride`];
+  // rank 2's board rkey at rank 0 opens rank 2's entries, not rank 1's.
+  attackerMesh = meshes[2].get();
+  mr = &mrs[1];
+  const auto [board0, boardKeys0, stride] = published(0, 5);
+  ASSERT_EQ(boardKeys0.size(), 2u);
+  ASSERT_GE(stride, 64u);
+  EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, board0 + 2 * 2 * stride, boardKeys0[1]),
+            IBV_WC_SUCCESS);
+  EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, board0 + 1 * 2 * stride, boardKeys0[1]),
+            IBV_WC_REM_ACCESS_ERR);
   transports.clear();
 }
 
