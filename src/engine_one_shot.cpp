@@ -22,6 +22,9 @@ std::shared_ptr<Work> Engine::tryOneShot(const OneShotCall& call, OperationFacto
   // this call runs without the engine).
   std::optional<Progress::Exclusive> exclusive;
   if (board->exclusive()) {
+    // The engine has work: submit as usual, without taking the lock from
+    // it (and parking its thread) first.
+    if (!e.drained.load(std::memory_order_acquire)) return nullptr;
     exclusive.emplace(e.loop);
     if (!exclusive->held()) return nullptr;
     e.step();

@@ -95,6 +95,12 @@ void Progress::sleep(std::chrono::microseconds maxWait, bool mayIdle) {
                 idle ? std::nullopt : std::optional<std::chrono::microseconds>(maxWait));
   std::lock_guard lock(mutex_);
   transport_.consumeEvents();
+  // Whoever consumed the events polls what they announced: the engine
+  // thread and a driver may sleep on the same channel, and the one that
+  // woke first takes the event from the other (which would then sleep a
+  // whole slice over an unpolled completion, and the engine thread, parked
+  // for the driver, would not poll it either).
+  if (!stopped_) engine_.step();
 }
 
 // Blocks until a wake-up (eventfd), with `events` also a transport event, or
@@ -168,10 +174,18 @@ void Progress::driverLeaves(bool completed) {
   if (!completed) wake();  // the engine thread takes over at once
 }
 
+// Tries for the lock instead of blocking on it: a Work callback that runs on
+// the thread holding it (Work::finish under a step) and calls a collective
+// must fall back to submitting, not deadlock. The engine thread parks at its
+// next round once drivers_ counts this caller, so a few tries suffice.
 Progress::Exclusive::Exclusive(Progress& progress) : progress_(progress) {
   progress_.drivers_.fetch_add(1);
-  lock_ = std::unique_lock(progress_.mutex_);
-  if (progress_.stopped_) lock_.unlock();
+  lock_ = std::unique_lock(progress_.mutex_, std::try_to_lock);
+  for (int tries = 0; !lock_.owns_lock() && tries < 64; ++tries) {
+    sched_yield();
+    lock_.try_lock();
+  }
+  if (lock_.owns_lock() && progress_.stopped_) lock_.unlock();
 }
 
 Progress::Exclusive::~Exclusive() {

@@ -72,7 +72,8 @@ class Progress {
   // A caller that runs an operation itself with the transport (a one-shot
   // collective on a board that posts through the engine's queues, Board::
   // exclusive()): holds the progress lock, and the engine thread stays out
-  // of its way as for a driver. Null when progress has stopped.
+  // of its way as for a driver. Not held (held() false) when progress has
+  // stopped or the lock stays taken (the caller then submits as usual).
   class Exclusive {
    public:
     explicit Exclusive(Progress& progress);
