@@ -226,6 +226,19 @@ struct Engine::Impl final : TransportSink, Steppable {
     return true;
   }
 
+  // Nothing pending but one-shot collectives (under the progress lock).
+  bool onlyBoardWork() {
+    if (!pointToPoint.empty() || broken) return false;
+    for (const auto& a : collectives) {
+      if (!a->op->schedule || !a->op->schedule->board) return false;
+    }
+    std::lock_guard lock(intakeMutex);
+    for (const auto& op : intake) {
+      if (op->pointToPoint || !op->schedule || !op->schedule->board) return false;
+    }
+    return true;
+  }
+
   bool idle() const override {
     return collectives.empty() && pointToPoint.empty() && departures.empty() &&
            failedCompletions.empty();

@@ -22,12 +22,20 @@ std::shared_ptr<Work> Engine::tryOneShot(const OneShotCall& call, OperationFacto
   // this call runs without the engine).
   std::optional<Progress::Exclusive> exclusive;
   if (board->exclusive()) {
-    // The engine has work: submit as usual, without taking the lock from
-    // it (and parking its thread) first.
-    if (!e.drained.load(std::memory_order_acquire)) return nullptr;
     exclusive.emplace(e.loop);
     if (!exclusive->held()) return nullptr;
     e.step();
+    // Earlier one-shot calls the engine still runs (a peer was late, and
+    // later calls queued behind): this one could not post before they
+    // finish anyway (one board operation at a time), so it drives them to
+    // the end, for up to the spin a waiting caller would, and then takes
+    // the fast path again instead of queueing behind them for good. Other
+    // work pending: submit as usual.
+    const auto until = std::chrono::steady_clock::now() + e.options.spinWaitLatencyBound;
+    while (!e.drained.load(std::memory_order_acquire)) {
+      if (!e.onlyBoardWork() || std::chrono::steady_clock::now() >= until) return nullptr;
+      if (!e.step()) sched_yield();
+    }
   }
   std::shared_ptr<Work> work;
   {
