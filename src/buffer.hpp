@@ -7,6 +7,11 @@
 
 namespace rdmacc {
 
+// n rounded up to a multiple of `to` (regions and their entries: cache lines).
+constexpr size_t roundUp(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
 struct PageUnmap {
   size_t size = 0;
   void operator()(uint8_t* p) const noexcept;

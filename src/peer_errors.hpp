@@ -24,4 +24,11 @@ Error peerGone(int peer, const std::string& address, const Departure& how);
 // it and what it sent.
 Error protocolViolation(int peer, const std::string& address, const wire::Violation& v);
 
+// A peer's one-shot board entry (shared memory or RDMA) for collective
+// #sequence holds another operation: what it posted (collective, size,
+// check value) against this rank's call.
+Error boardMismatch(int peer, const std::string& address, uint64_t sequence,
+                    uint64_t postedSequence, uint64_t postedBytes, uint64_t postedCheck,
+                    uint64_t bytes, uint64_t check);
+
 }  // namespace rdmacc

@@ -12,6 +12,7 @@
 
 #include "rdmacc/error.hpp"
 #include "src/board_words.hpp"
+#include "src/peer_errors.hpp"
 #include "src/rdma_transport_impl.hpp"
 #include "src/wr_id.hpp"
 #include "verbs/error.hpp"
@@ -24,14 +25,6 @@ uint32_t flagOf(uint64_t boardOp) {
   // Never 0 (what a fresh region holds) for the first 2^32 - 1 operations;
   // later ones wrap past it, long after every entry was written.
   return static_cast<uint32_t>(boardOp + 1);
-}
-
-Error boardError(int peer, const std::string& address, std::string message, const char* hint) {
-  return Error(ErrorInfo{.kind = ErrorKind::Protocol,
-                         .message = std::move(message),
-                         .peerRank = peer,
-                         .peerAddress = address,
-                         .hint = hint});
 }
 
 }  // namespace
@@ -102,22 +95,18 @@ const uint8_t* RdmaTransport::peek(int from, uint64_t sequence, uint64_t check, 
   const board_words::Result r = board_words::decode(words, bytes, flagOf(op), previous, payload);
   if (r.state == board_words::State::Pending) return nullptr;
   if (r.state == board_words::State::Corrupt) {
-    throw boardError(
-        from, peerAddress(from),
-        fmt::format("rank {} ({}) wrote a corrupt one-shot board entry for collective #{}: {}",
-                    from, peerAddress(from), sequence, r.problem),
-        "every rank must run the same rdmacc version and issue the same collectives");
+    throw Error(ErrorInfo{
+        .kind = ErrorKind::Protocol,
+        .message =
+            fmt::format("rank {} wrote a corrupt one-shot board entry for collective #{}: {}", from,
+                        sequence, r.problem),
+        .peerRank = from,
+        .peerAddress = peerAddress(from),
+        .hint = "every rank must run the same rdmacc version and issue the same collectives"});
   }
   if (r.head.sequence != sequence || r.head.check != check || r.head.bytes != bytes) {
-    throw boardError(
-        from, peerAddress(from),
-        fmt::format("collective #{} does not match on rank {} ({}): it posted collective #{}, "
-                    "{} bytes (check {:#x}) to the one-shot board, this rank {} bytes (check "
-                    "{:#x})",
-                    sequence, from, peerAddress(from), r.head.sequence, r.head.bytes, r.head.check,
-                    bytes, check),
-        "every rank must call the same collectives in the same order with the same sizes, "
-        "types and options");
+    throw boardMismatch(from, peerAddress(from), sequence, r.head.sequence, r.head.bytes,
+                        r.head.check, bytes, check);
   }
   boardHave_[static_cast<size_t>(from)] = 1;
   return payload;

@@ -95,7 +95,7 @@ void RdmaTransport::connect(Store& store, const std::string& groupName, size_t b
   boardBytes = boardBytesOffered(mesh_, boardBytes);
   std::string boardRkeys;
   if (boardBytes > 0) {
-    boardStride_ = (8 * board_words::entryWords(boardBytes) + 63) / 64 * 64;
+    boardStride_ = roundUp(8 * board_words::entryWords(boardBytes), 64);
     const size_t perSource = kBoardEntries * boardStride_;
     boardRegion_ = PageBuffer(static_cast<size_t>(size_) * perSource);
     for (int p = 0; p < size_; ++p) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
+#include "src/peer_errors.hpp"
 #include "src/shm_transport_impl.hpp"
 
 namespace rdmacc::shm {
@@ -52,15 +53,8 @@ const uint8_t* ShmTransport::peek(int peer, uint64_t sequence, uint64_t check, s
         .hint = "every rank must run the same rdmacc version and issue the same collectives"});
   }
   if (entry->check != check || entry->bytes != bytes) {
-    throw Error(ErrorInfo{
-        .kind = ErrorKind::Protocol,
-        .message = fmt::format(
-            "collective #{} does not match on rank {}: it posted {} bytes (check {:#x}) to "
-            "its one-shot board, this rank {} bytes (check {:#x})",
-            sequence, peer, entry->bytes, entry->check, bytes, check),
-        .peerRank = peer,
-        .hint = "every rank must call the same collectives in the same order with the same "
-                "sizes, types and options"});
+    throw boardMismatch(peer, p.address, sequence, sequence, entry->bytes, entry->check, bytes,
+                        check);
   }
   return reinterpret_cast<const uint8_t*>(entry) + kBoardEntryHead;
 }

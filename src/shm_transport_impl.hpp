@@ -95,10 +95,6 @@ struct Record {
   uint32_t bytes = 0;
 };
 
-constexpr size_t roundUp(size_t n, size_t to) {
-  return (n + to - 1) / to * to;
-}
-
 struct Geometry {
   uint32_t lanes = 0;
   uint32_t slots = 0;
