@@ -39,6 +39,7 @@ class CompositeTransport final : public Transport, private TransportSink {
   int slotsPerPeer() const noexcept override { return children_[0]->slotsPerPeer(); }
   const std::string& peerAddress(int peer) const override { return first(peer).peerAddress(peer); }
   DirectWrites directWrites(int peer) const override { return first(peer).directWrites(peer); }
+  size_t sendBurst(int peer) const override { return first(peer).sendBurst(peer); }
 
   bool trySend(int peer, const wire::Header& header, const uint8_t* data,
                const std::shared_ptr<ZeroCopyWrites>& zeroCopy,

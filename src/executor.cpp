@@ -156,6 +156,8 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
     for (size_t i = 0; i < s.sends.size(); ++i) {
       const SendSpec& send = s.sends[i];
       size_t bytes = send.range.bytes;
+      const size_t burst = transport_.sendBurst(send.peer);
+      size_t burstSent = 0;
       while (a.sentMessages[i] < messages(bytes)) {
         size_t available = bytes;
         bool gatesDone = true;
@@ -183,6 +185,7 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
         a.sent[i] += payload;
         ++a.sentMessages[i];
         progress = true;
+        if (burst != 0 && ++burstSent == burst) break;  // receives and a poll first
       }
       complete = complete && a.sentMessages[i] == messages(bytes);
     }

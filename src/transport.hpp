@@ -143,6 +143,13 @@ class Transport {
   // `direct` is ignored and the payload goes through the slot (the receiver
   // accepts both).
   virtual DirectWrites directWrites(int peer) const = 0;
+  // How many messages of one send the executor posts to `peer` in a round
+  // before it turns to the step's receives and the next round's poll; 0: as
+  // many as credits allow.
+  virtual size_t sendBurst(int peer) const {
+    (void)peer;
+    return 0;
+  }
 
   // Sends one message: header.payload bytes from `data`. With `zeroCopy`, a
   // payload in memory the user registered may be sent from there (recorded
