@@ -267,6 +267,8 @@ bool Executor::receive(Active& a, const Expectation& expected, size_t j) {
 bool Executor::advanceSend(Active& a) {
   Operation& op = *a.op;
   bool progress = false;
+  const size_t burst = transport_.sendBurst(op.peer);
+  size_t burstSent = 0;
   while (a.chunks < messages(op.bytes)) {
     size_t payload = std::min(chunk_, op.bytes - a.done);
     Header h{.kind = MessageKind::PointToPoint,
@@ -280,6 +282,7 @@ bool Executor::advanceSend(Active& a) {
     a.done += payload;
     ++a.chunks;
     progress = true;
+    if (burst != 0 && ++burstSent == burst) break;  // receives and a poll first
   }
   return progress;
 }
