@@ -180,6 +180,7 @@ void Progress::driverLeaves(bool completed) {
 // next round once drivers_ counts this caller, so a few tries suffice.
 Progress::Exclusive::Exclusive(Progress& progress) : progress_(progress) {
   progress_.drivers_.fetch_add(1);
+  if (progress_.mutex_.heldByThisThread()) return;  // a callback under the lock
   lock_ = std::unique_lock(progress_.mutex_, std::try_to_lock);
   for (int tries = 0; !lock_.owns_lock() && tries < 64; ++tries) {
     sched_yield();

@@ -15,6 +15,7 @@
 
 #include "rdmacc/work.hpp"
 #include "src/engine.hpp"
+#include "src/owned_mutex.hpp"
 #include "src/socket.hpp"
 #include "src/transport.hpp"
 
@@ -87,7 +88,7 @@ class Progress {
 
    private:
     Progress& progress_;
-    std::unique_lock<std::mutex> lock_;
+    std::unique_lock<OwnedMutex> lock_;
     bool done_ = false;
   };
 
@@ -119,7 +120,7 @@ class Progress {
   // completion channel itself. While a driver is active, and for a moment
   // after one left with its work done (it is likely back with the next
   // operation), the engine thread parks.
-  std::mutex mutex_;
+  OwnedMutex mutex_;
   std::atomic<int> drivers_{0};
   std::atomic<bool> latencyBound_{false};
   std::atomic<std::chrono::steady_clock::rep> driverLeft_{

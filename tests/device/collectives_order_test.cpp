@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <future>
 #include <mutex>
 #include <thread>
 #include "rdmacc/error.hpp"
@@ -152,6 +153,30 @@ TEST(Collectives, WorkCallbacksAndAsyncQueue) {
     expectReduced(bufs[static_cast<size_t>(i)], ReduceOp::Sum, 0,
                   bufs[static_cast<size_t>(i)].numel(), 8000 + i, "queued allreduce");
   EXPECT_TRUE(works.back()->isCompleted());
+}
+
+// then() runs on the thread that completes the work, which may hold the
+// progress lock (a waiting caller driving progress, or the engine thread):
+// a small allreduce called from there must submit, not try the lock its
+// own thread holds (the RDMA board's fast path takes it) or deadlock.
+TEST(Collectives, ACollectiveCalledFromACallbackCompletes) {
+  std::vector<float> first(2, static_cast<float>(R)), second(2, static_cast<float>(R + 1));
+  std::promise<std::shared_ptr<Work>> inner;
+  auto future = inner.get_future();
+  std::vector<Tensor> t{Tensor{first.data(), first.size(), DataType::Float32}};
+  auto outer = gBackend->allreduce(t);
+  outer->then([&](Work& done) {
+    ASSERT_TRUE(done.isSuccess());
+    std::vector<Tensor> s{Tensor{second.data(), second.size(), DataType::Float32}};
+    inner.set_value(gBackend->allreduce(s));
+  });
+  outer->wait();
+  ASSERT_EQ(future.wait_for(30s), std::future_status::ready);
+  auto work = future.get();
+  work->wait();
+  const float n = static_cast<float>(N);
+  for (float v : first) EXPECT_EQ(v, n * (n - 1) / 2);
+  for (float v : second) EXPECT_EQ(v, n * (n + 1) / 2);
 }
 
 // Collectives issued without waiting run together when their buffers are
