@@ -27,6 +27,20 @@ uint8_t* destination(const Operation& op, const RecvSpec& recv) {
                        : op.recvBase + recv.range.offset;
 }
 
+// One send's messages in this round, against the transport's burst for
+// its peer (Transport::sendBurst; 0: as many as credits allow).
+class Burst {
+ public:
+  explicit Burst(size_t limit) : limit_(limit) {}
+  // One more message went: true when the round's share is spent (the
+  // receives and the next round's poll go first).
+  bool spent() { return limit_ != 0 && ++sent_ == limit_; }
+
+ private:
+  size_t limit_;
+  size_t sent_ = 0;
+};
+
 }  // namespace
 
 Executor::Executor(Transport& transport, Matching& matching, const EngineOptions& options,
@@ -156,8 +170,7 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
     for (size_t i = 0; i < s.sends.size(); ++i) {
       const SendSpec& send = s.sends[i];
       size_t bytes = send.range.bytes;
-      const size_t burst = transport_.sendBurst(send.peer);
-      size_t burstSent = 0;
+      Burst burst(transport_.sendBurst(send.peer));
       while (a.sentMessages[i] < messages(bytes)) {
         size_t available = bytes;
         bool gatesDone = true;
@@ -185,7 +198,7 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
         a.sent[i] += payload;
         ++a.sentMessages[i];
         progress = true;
-        if (burst != 0 && ++burstSent == burst) break;  // receives and a poll first
+        if (burst.spent()) break;
       }
       complete = complete && a.sentMessages[i] == messages(bytes);
     }
@@ -267,8 +280,7 @@ bool Executor::receive(Active& a, const Expectation& expected, size_t j) {
 bool Executor::advanceSend(Active& a) {
   Operation& op = *a.op;
   bool progress = false;
-  const size_t burst = transport_.sendBurst(op.peer);
-  size_t burstSent = 0;
+  Burst burst(transport_.sendBurst(op.peer));
   while (a.chunks < messages(op.bytes)) {
     size_t payload = std::min(chunk_, op.bytes - a.done);
     Header h{.kind = MessageKind::PointToPoint,
@@ -282,7 +294,7 @@ bool Executor::advanceSend(Active& a) {
     a.done += payload;
     ++a.chunks;
     progress = true;
-    if (burst != 0 && ++burstSent == burst) break;  // receives and a poll first
+    if (burst.spent()) break;
   }
   return progress;
 }

@@ -176,8 +176,9 @@ void Progress::driverLeaves(bool completed) {
 
 // Tries for the lock instead of blocking on it: a Work callback that runs on
 // the thread holding it (Work::finish under a step) and calls a collective
-// must fall back to submitting, not deadlock. The engine thread parks at its
-// next round once drivers_ counts this caller, so a few tries suffice.
+// must fall back to submitting, not deadlock (it knows it holds the lock:
+// OwnedMutex). The engine thread parks at its next round once drivers_
+// counts this caller, so a few tries suffice.
 Progress::Exclusive::Exclusive(Progress& progress) : progress_(progress) {
   progress_.drivers_.fetch_add(1);
   if (progress_.mutex_.heldByThisThread()) return;  // a callback under the lock
