@@ -7,6 +7,12 @@
 #include <limits>
 #include <type_traits>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define RDMACC_HALF_AVX2 1
+#endif
+
 #include "rdmacc/error.hpp"
 
 namespace rdmacc {
@@ -104,20 +110,114 @@ void reduceTyped(void* dst, const void* a, const void* b, size_t n, ReduceOp op)
   throw Error(ErrorKind::Internal, "reduction kernel called with an unsupported op");
 }
 
-// 16-bit floats: widen to float, combine, narrow once.
-template <float (*Widen)(uint16_t) noexcept, uint16_t (*Narrow)(float) noexcept>
-void reduceHalf(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
+// 16-bit floats: widen blocks to float, combine, narrow once. The block
+// conversions are parameters: the portable ones below, and F16C's on CPUs
+// that have it (both exact, so every rank gets the same bits whichever it
+// runs: tests/host/reduce_test.cpp compares them).
+using WidenBlock = void (*)(float*, const uint16_t*, size_t);
+using NarrowBlock = void (*)(uint16_t*, const float*, size_t);
+
+template <float (*Widen)(uint16_t) noexcept>
+void widenEach(float* out, const uint16_t* in, size_t m) {
+  for (size_t i = 0; i < m; ++i) out[i] = Widen(in[i]);
+}
+
+template <uint16_t (*Narrow)(float) noexcept>
+void narrowEach(uint16_t* out, const float* in, size_t m) {
+  for (size_t i = 0; i < m; ++i) out[i] = Narrow(in[i]);
+}
+
+template <WidenBlock Widen, NarrowBlock Narrow>
+[[gnu::always_inline]] inline void reduceHalf(void* dst, const void* a, const void* b, size_t n,
+                                              ReduceOp op) {
   auto* d = static_cast<uint16_t*>(dst);
   const auto* x = static_cast<const uint16_t*>(a);
   const auto* y = static_cast<const uint16_t*>(b);
   constexpr size_t kBlock = 256;
-  float wx[kBlock], wy[kBlock];
+  alignas(32) float wx[kBlock];
+  alignas(32) float wy[kBlock];
   for (size_t base = 0; base < n; base += kBlock) {
     size_t m = std::min(kBlock, n - base);
-    for (size_t i = 0; i < m; ++i) wx[i] = Widen(x[base + i]), wy[i] = Widen(y[base + i]);
+    Widen(wx, x + base, m);
+    Widen(wy, y + base, m);
     reduceTyped<float>(wx, wx, wy, m, op);
-    for (size_t i = 0; i < m; ++i) d[base + i] = Narrow(wx[i]);
+    Narrow(d + base, wx, m);
   }
+}
+
+void reduceFloat16Baseline(void* dst, const void* a, const void* b, size_t n, ReduceOp op);
+void reduceBFloat16Baseline(void* dst, const void* a, const void* b, size_t n, ReduceOp op);
+
+#ifdef RDMACC_HALF_AVX2
+// x86-64 CPUs with AVX2 and F16C (Haswell, Zen and later; not the baseline
+// ISA the library is built for): F16C converts eight halves per instruction,
+// exactly (round to nearest even, as floatToHalf), and AVX2 doubles the
+// lanes of the bfloat16 conversions and the float combine. Natively the
+// portable float16 kernel ran at ~1 GB/s, below a 100 Gb/s link.
+__attribute__((target("avx2,f16c"))) void widenF16c(float* out, const uint16_t* in, size_t m) {
+  size_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < m; ++i) out[i] = halfToFloat(in[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void narrowF16c(uint16_t* out, const float* in, size_t m) {
+  size_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  for (; i < m; ++i) out[i] = floatToHalf(in[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void reduceFloat16Avx2(void* dst, const void* a, const void* b,
+                                                            size_t n, ReduceOp op) {
+  reduceHalf<widenF16c, narrowF16c>(dst, a, b, n, op);
+}
+
+// bfloat16 is float's upper half: the portable conversions, vectorised with
+// AVX2's lanes (explicit intrinsics measured no faster: 3.85 vs 3.57 GB/s).
+__attribute__((target("avx2,f16c"))) void widenBFloat16Avx2(float* out, const uint16_t* in,
+                                                            size_t m) {
+  widenEach<bfloat16ToFloat>(out, in, m);
+}
+
+__attribute__((target("avx2,f16c"))) void narrowBFloat16Avx2(uint16_t* out, const float* in,
+                                                             size_t m) {
+  narrowEach<floatToBfloat16>(out, in, m);
+}
+
+__attribute__((target("avx2,f16c"))) void reduceBFloat16Avx2(void* dst, const void* a,
+                                                             const void* b, size_t n, ReduceOp op) {
+  reduceHalf<widenBFloat16Avx2, narrowBFloat16Avx2>(dst, a, b, n, op);
+}
+
+// AVX2 (which the compiler's check also requires the OS to save the YMM
+// state for) and F16C (cpuid leaf 1: not every compiler's
+// __builtin_cpu_supports knows it).
+bool haveAvx2F16c() {
+  static const bool have = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & bit_F16C) != 0;
+  }();
+  return have;
+}
+#endif
+
+using HalfKernelFn = void (*)(void*, const void*, const void*, size_t, ReduceOp);
+
+HalfKernelFn halfKernel(DataType dtype, HalfKernel kernel) {
+  const bool fp16 = dtype == DataType::Float16;
+#ifdef RDMACC_HALF_AVX2
+  if (kernel == HalfKernel::Accelerated && haveAvx2F16c()) {
+    return fp16 ? reduceFloat16Avx2 : reduceBFloat16Avx2;
+  }
+#endif
+  (void)kernel;
+  return fp16 ? reduceFloat16Baseline : reduceBFloat16Baseline;
 }
 
 void reduceBool(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
@@ -209,6 +309,22 @@ uint16_t floatToHalf(float f) noexcept {
   return static_cast<uint16_t>((sign >> 16) | (shl1W > 0xff000000u ? 0x7e00u : nonsign));
 }
 
+bool halfKernelAvailable(HalfKernel kernel) {
+#ifdef RDMACC_HALF_AVX2
+  return kernel == HalfKernel::Baseline || haveAvx2F16c();
+#else
+  return kernel == HalfKernel::Baseline;
+#endif
+}
+
+void reduceHalfWith(HalfKernel kernel, void* dst, const void* a, const void* b, size_t n,
+                    DataType dtype, ReduceOp op) {
+  if (dtype != DataType::Float16 && dtype != DataType::BFloat16) {
+    throw Error(ErrorKind::Internal, "reduceHalfWith on a type that is not a 16-bit float");
+  }
+  halfKernel(dtype, kernel)(dst, a, b, n, op);
+}
+
 float bfloat16ToFloat(uint16_t b) noexcept {
   return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
 }
@@ -220,6 +336,15 @@ uint16_t floatToBfloat16(float f) noexcept {
   return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quietNan : rounded);
 }
 
+namespace {
+void reduceFloat16Baseline(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
+  reduceHalf<widenEach<halfToFloat>, narrowEach<floatToHalf>>(dst, a, b, n, op);
+}
+void reduceBFloat16Baseline(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
+  reduceHalf<widenEach<bfloat16ToFloat>, narrowEach<floatToBfloat16>>(dst, a, b, n, op);
+}
+}  // namespace
+
 void reduceTo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op) {
   switch (dtype) {
     case DataType::Float32:
@@ -229,11 +354,12 @@ void reduceTo(void* dst, const void* a, const void* b, size_t n, DataType dtype,
       reduceTyped<double>(dst, a, b, n, op);
       return;
     case DataType::Float16:
-      reduceHalf<halfToFloat, floatToHalf>(dst, a, b, n, op);
+    case DataType::BFloat16: {
+      static const HalfKernelFn fp16 = halfKernel(DataType::Float16, HalfKernel::Accelerated);
+      static const HalfKernelFn bf16 = halfKernel(DataType::BFloat16, HalfKernel::Accelerated);
+      (dtype == DataType::Float16 ? fp16 : bf16)(dst, a, b, n, op);
       return;
-    case DataType::BFloat16:
-      reduceHalf<bfloat16ToFloat, floatToBfloat16>(dst, a, b, n, op);
-      return;
+    }
     case DataType::Int8:
       reduceTyped<int8_t>(dst, a, b, n, op);
       return;

@@ -16,6 +16,13 @@ void reduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
 // dst[i] = a[i] (op) b[i] in one pass (dst may be a; otherwise none of the
 // three overlap): a reduction out of place without copying `a` first.
 void reduceTo(void* dst, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op);
+// The 16-bit float kernels: the portable one, and on x86-64 CPUs with AVX2
+// and F16C one that reduceTo/reduceInto pick at run time. They give the same
+// bits (so ranks on different CPUs agree); for the tests that check it.
+enum class HalfKernel { Baseline, Accelerated };
+bool halfKernelAvailable(HalfKernel kernel);
+void reduceHalfWith(HalfKernel kernel, void* dst, const void* a, const void* b, size_t count,
+                    DataType dtype, ReduceOp op);
 // data[i] *= factor (PreMulSum's pre-multiplication), rounded to dtype.
 void scaleBy(void* data, size_t count, DataType dtype, double factor);
 // data[i] /= divisor (Avg); integers truncate toward zero.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "src/reduce.hpp"
 
@@ -176,6 +177,39 @@ TEST(Reduce, FloatToHalfRoundsLikeTheDefinition) {
     }
   }
   EXPECT_GT(checked, 60'000'000u);
+}
+
+// The accelerated 16-bit kernels (AVX2 + F16C, picked at run time) must give
+// the baseline's bits for every input, or ranks on different CPUs would
+// disagree: every half against pseudo-random partners and against its
+// neighbour (ties when rounding back), with a tail that fills neither a
+// vector nor a block.
+TEST(Reduce, HalfKernelsGiveTheSameBits) {
+  if (!halfKernelAvailable(HalfKernel::Accelerated)) {
+    GTEST_SKIP() << "this CPU has no AVX2/F16C: only the baseline kernel runs here";
+  }
+  const size_t n = 0x10000 + 11;
+  std::vector<uint16_t> a(n), random(n), neighbour(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<uint16_t>(i);
+    random[i] = static_cast<uint16_t>(i * 0x9e37u + 0x1234u);
+    neighbour[i] = static_cast<uint16_t>(i + 1);
+  }
+  for (DataType t : {DataType::Float16, DataType::BFloat16}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max}) {
+      for (const auto* b : {&random, &neighbour}) {
+        std::vector<uint16_t> base(n), fast(n), dispatched(n);
+        reduceHalfWith(HalfKernel::Baseline, base.data(), a.data(), b->data(), n, t, op);
+        reduceHalfWith(HalfKernel::Accelerated, fast.data(), a.data(), b->data(), n, t, op);
+        reduceTo(dispatched.data(), a.data(), b->data(), n, t, op);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(fast[i], base[i]) << toString(t) << " " << toString(op) << " of " << std::hex
+                                      << a[i] << " and " << (*b)[i];
+        }
+        EXPECT_EQ(dispatched, fast) << toString(t) << " " << toString(op);
+      }
+    }
+  }
 }
 
 TEST(Reduce, AvgDividesAndIntegersTruncate) {
