@@ -97,9 +97,12 @@ int main(int argc, char** argv) {
       "MASTER_PORT stays free for torch.distributed's store). Across hosts, as torchrun: run it "
       "on every host with the same --nnodes, --master-addr and ports and that host's "
       "--node-rank; node 0's launcher hosts the store. Output lines are prefixed with [rank] "
-      "([host:rank] across hosts). If a rank fails, the others on this host get SIGTERM "
-      "(SIGKILL 5 s later; the other hosts' ranks learn of it from rdmacc within the "
-      "operation's timeout) and rdmacc-run exits with the failing rank's status.",
+      "([host:rank] across hosts). Each rank runs in a session of its own, as torchrun's "
+      "workers: if a rank fails, the other ranks on this host and everything they started get "
+      "SIGTERM (SIGKILL 5 s later; the other hosts' ranks learn of it from rdmacc within the "
+      "operation's timeout) and rdmacc-run exits with the failing rank's status; SIGINT or "
+      "SIGTERM to rdmacc-run goes on to them; and what a rank leaves running when it exits is "
+      "stopped the same way, so nothing outlives the job.",
       "rdmacc-run");
   rdmacc::cli::addVersion(app);
   int n = 0;
@@ -255,6 +258,10 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (pid == 0) {
+      // Its own session (and process group, whose id is its pid): the
+      // launcher stops the rank with whatever it started (killpg), and a
+      // terminal's Ctrl-C reaches the launcher, which passes it on.
+      setsid();
       dup2(out[1], STDOUT_FILENO);
       dup2(err[1], STDERR_FILENO);
       signal(SIGPIPE, SIG_DFL);
@@ -284,23 +291,23 @@ int main(int argc, char** argv) {
   // usually learn of it within milliseconds) and report it, naming the rank,
   // before they are stopped.
   std::optional<Clock::time_point> stopAt;
+  // Every rank's process group: the rank and what it started, also after
+  // the rank itself exited (a pid stays reserved while it names a group).
   auto terminateAll = [&](int sig) {
-    for (auto& r : ranks) {
-      if (r.running) kill(r.pid, sig);
-    }
+    for (auto& r : ranks) kill(-r.pid, sig);
   };
   int running = n;
-  while (running > 0) {
+  // Passes on what the ranks wrote, waiting up to 100 ms for it; false
+  // once every pipe has closed.
+  auto pumpOutput = [&] {
     std::vector<pollfd> fds;
     std::vector<std::pair<Rank*, bool>> who;  // (rank, isStdout)
     for (auto& r : ranks) {
       if (r.out >= 0) fds.push_back({r.out, POLLIN, 0}), who.emplace_back(&r, true);
       if (r.err >= 0) fds.push_back({r.err, POLLIN, 0}), who.emplace_back(&r, false);
     }
-    if (!fds.empty())
-      poll(fds.data(), fds.size(), 100);
-    else
-      usleep(20000);
+    if (fds.empty()) return false;
+    poll(fds.data(), fds.size(), 100);
     for (size_t k = 0; k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
       auto [r, isOut] = who[k];
@@ -317,6 +324,10 @@ int main(int argc, char** argv) {
         (isOut ? r->out : r->err) = -1;
       }
     }
+    return true;
+  };
+  while (running > 0) {
+    if (!pumpOutput()) usleep(20000);
     int status = 0;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
@@ -344,7 +355,7 @@ int main(int argc, char** argv) {
     if (gSignal != 0 && !terminated) {
       fmt::print(stderr, "rdmacc-run: caught signal {}; stopping all ranks\n",
                  static_cast<int>(gSignal));
-      terminateAll(SIGTERM);
+      terminateAll(gSignal);  // SIGINT as SIGINT: a Python rank sees KeyboardInterrupt
       terminated = true;
       result = 128 + gSignal;
       killAt = Clock::now() + std::chrono::seconds(5);
@@ -359,16 +370,25 @@ int main(int argc, char** argv) {
     }
     if (terminated && Clock::now() > killAt) terminateAll(SIGKILL);
   }
-  // Drain what is left in the pipes.
+  // What the ranks left running (a background child, a server they
+  // started) goes with them, as torchrun's workers' process groups do: it
+  // would hold the output pipes open and keep this launcher waiting.
+  terminateAll(SIGTERM);
+  // Drain what is left in the pipes: until each closes, for at most the
+  // grace before SIGKILL and a moment after it (a process that left the
+  // rank's session can hold a pipe for ever).
+  const auto drainStart = Clock::now();
+  bool killed = false;
+  while (pumpOutput() && Clock::now() - drainStart < std::chrono::seconds(6)) {
+    if (!killed && Clock::now() - drainStart > std::chrono::seconds(5)) {
+      terminateAll(SIGKILL);
+      killed = true;
+    }
+  }
   for (auto& r : ranks) {
-    std::string pfx = prefixOf(r);
     for (int* fd : {&r.out, &r.err}) {
       if (*fd < 0) continue;
-      char buf[65536];
-      ssize_t got;
-      std::string& b = fd == &r.out ? r.outBuf : r.errBuf;
-      while ((got = read(*fd, buf, sizeof buf)) > 0) b.append(buf, static_cast<size_t>(got));
-      emit(pfx, b, fd == &r.out ? stdout : stderr, true);
+      emit(prefixOf(r), fd == &r.out ? r.outBuf : r.errBuf, fd == &r.out ? stdout : stderr, true);
       close(*fd);
     }
   }
