@@ -46,6 +46,9 @@ struct Rank {
   std::string outBuf, errBuf;
   bool running = true;
   int status = 0;
+  // Its process group has no member left: its id (the rank's pid) may name
+  // someone else's group from now on, so it is never signalled again.
+  bool groupGone = false;
 };
 
 void emit(const std::string& prefix, std::string& buf, FILE* to, bool flushAll) {
@@ -292,9 +295,17 @@ int main(int argc, char** argv) {
   // before they are stopped.
   std::optional<Clock::time_point> stopAt;
   // Every rank's process group: the rank and what it started, also after
-  // the rank itself exited (a pid stays reserved while it names a group).
+  // the rank itself exited (its pid stays reserved while the group has a
+  // member; once it has none, it is left alone).
   auto terminateAll = [&](int sig) {
-    for (auto& r : ranks) kill(-r.pid, sig);
+    for (auto& r : ranks) {
+      if (r.groupGone) continue;
+      if (!r.running && kill(-r.pid, 0) != 0 && errno == ESRCH) {
+        r.groupGone = true;
+        continue;
+      }
+      kill(-r.pid, sig);
+    }
   };
   int running = n;
   // Passes on what the ranks wrote, waiting up to 100 ms for it; false
