@@ -16,13 +16,18 @@ void reduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
 // dst[i] = a[i] (op) b[i] in one pass (dst may be a; otherwise none of the
 // three overlap): a reduction out of place without copying `a` first.
 void reduceTo(void* dst, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op);
-// The 16-bit float kernels: the portable one, and on x86-64 CPUs with AVX2
-// and F16C one that reduceTo/reduceInto pick at run time. They give the same
-// bits (so ranks on different CPUs agree); for the tests that check it.
+// The 16-bit float kernels (src/reduce_half.cpp): the portable ones, and on
+// x86-64 CPUs with AVX2 and F16C faster ones (Accelerated; the portable ones
+// elsewhere) that the functions above use. Both give the same bits, so ranks
+// on different CPUs agree; the tests compare them. dtype: Float16 or
+// BFloat16.
 enum class HalfKernel { Baseline, Accelerated };
 bool halfKernelAvailable(HalfKernel kernel);
 void reduceHalfWith(HalfKernel kernel, void* dst, const void* a, const void* b, size_t count,
                     DataType dtype, ReduceOp op);
+// data[i] * x, or data[i] / x with divide, computed in double and rounded.
+void scaleHalfWith(HalfKernel kernel, void* data, size_t count, DataType dtype, double x,
+                   bool divide);
 // data[i] *= factor (PreMulSum's pre-multiplication), rounded to dtype.
 void scaleBy(void* data, size_t count, DataType dtype, double factor);
 // data[i] /= divisor (Avg); integers truncate toward zero.

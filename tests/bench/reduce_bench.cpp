@@ -74,6 +74,23 @@ void BM_HalfKernel(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 
+// Avg's division on 16-bit floats (by 8 ranks), the two kernels.
+template <rdmacc::DataType T, rdmacc::HalfKernel K>
+void BM_HalfDivide(benchmark::State& state) {
+  if (!rdmacc::halfKernelAvailable(K)) {
+    state.SkipWithError("this CPU has no AVX2/F16C");
+    return;
+  }
+  size_t bytes = static_cast<size_t>(state.range(0));
+  size_t n = bytes / 2;
+  std::vector<uint16_t> a(n, 0x3c00);
+  for (auto _ : state) {
+    rdmacc::scaleHalfWith(K, a.data(), n, T, 8.0, /*divide=*/true);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+
 using rdmacc::DataType;
 using rdmacc::HalfKernel;
 BENCHMARK(BM_HalfKernel<DataType::Float16, HalfKernel::Baseline>)
@@ -86,6 +103,19 @@ BENCHMARK(BM_HalfKernel<DataType::BFloat16, HalfKernel::Baseline>)
     ->Arg(kBig)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_HalfKernel<DataType::BFloat16, HalfKernel::Accelerated>)
+    ->Arg(kBig)
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK(BM_HalfDivide<DataType::Float16, HalfKernel::Baseline>)
+    ->Arg(kBig)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_HalfDivide<DataType::Float16, HalfKernel::Accelerated>)
+    ->Arg(kBig)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_HalfDivide<DataType::BFloat16, HalfKernel::Baseline>)
+    ->Arg(kBig)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_HalfDivide<DataType::BFloat16, HalfKernel::Accelerated>)
     ->Arg(kBig)
     ->Unit(benchmark::kMillisecond);
 

@@ -212,6 +212,42 @@ TEST(Reduce, HalfKernelsGiveTheSameBits) {
   }
 }
 
+// Avg's division and PreMulSum's factor on 16-bit floats: computed in
+// double and rounded (to float, then to the type), as for the other floating
+// types; both kernels, every value, divisors and factors that round.
+TEST(Reduce, HalfScalingGivesTheDefinitionsBits) {
+  const size_t n = 0x10000 + 11;
+  std::vector<uint16_t> all(n);
+  for (size_t i = 0; i < n; ++i) all[i] = static_cast<uint16_t>(i);
+  for (DataType t : {DataType::Float16, DataType::BFloat16}) {
+    const bool fp16 = t == DataType::Float16;
+    auto widen = [&](uint16_t v) { return fp16 ? halfToFloat(v) : bfloat16ToFloat(v); };
+    auto narrow = [&](float v) { return fp16 ? floatToHalf(v) : floatToBfloat16(v); };
+    for (bool divide : {true, false}) {
+      for (double x : {2.0, 3.0, 7.0, 1000.0, 1.0 / 3, 0.1, 3.7, 1e-5, 65504.0}) {
+        if (divide && x != std::floor(x)) continue;  // Avg divides by a rank count
+        for (HalfKernel k : {HalfKernel::Baseline, HalfKernel::Accelerated}) {
+          if (!halfKernelAvailable(k)) continue;
+          std::vector<uint16_t> got = all;
+          scaleHalfWith(k, got.data(), n, t, x, divide);
+          for (size_t i = 0; i < n; ++i) {
+            const double v = widen(all[i]);
+            const float want = static_cast<float>(divide ? v / x : v * x);
+            ASSERT_EQ(got[i], narrow(want))
+                << toString(t) << (divide ? " / " : " * ") << x << " of " << std::hex << all[i]
+                << (k == HalfKernel::Baseline ? " (baseline)" : "");
+          }
+        }
+      }
+    }
+  }
+  // What Avg and PreMulSum call picks the same kernel.
+  std::vector<uint16_t> viaDivide = all, viaKernel = all;
+  divideBy(viaDivide.data(), n, DataType::Float16, 3);
+  scaleHalfWith(HalfKernel::Accelerated, viaKernel.data(), n, DataType::Float16, 3.0, true);
+  EXPECT_EQ(viaDivide, viaKernel);
+}
+
 TEST(Reduce, AvgDividesAndIntegersTruncate) {
   std::vector<int32_t> i{7, -7, 8};
   divideBy(i.data(), i.size(), DataType::Int32, 2);
