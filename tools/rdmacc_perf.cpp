@@ -24,7 +24,6 @@
 #include <fmt/format.h>
 
 #include "rdmacc/backend.hpp"
-#include "rdmacc/bench.hpp"
 #include "rdmacc/config.hpp"
 #include "rdmacc/environment.hpp"
 #include "rdmacc/error.hpp"
@@ -33,6 +32,7 @@
 #include "tools/cli.hpp"
 #include "tools/collective_bench.hpp"
 #include "tools/perf_report.hpp"
+#include "tools/write_bench.hpp"
 
 #include <nlohmann/json.hpp>
 

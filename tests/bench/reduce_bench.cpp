@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "rdmacc/types.hpp"
-#include "src/reduce.hpp"
+#include "src/reduce/reduce.hpp"
 
 namespace {
 

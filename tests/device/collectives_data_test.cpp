@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
-#include "src/reduce.hpp"
+#include "src/reduce/reduce.hpp"
 
 #include "tests/device/collectives.hpp"
 

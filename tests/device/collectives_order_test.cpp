@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 #include "rdmacc/error.hpp"
-#include "src/reduce.hpp"
+#include "src/reduce/reduce.hpp"
 
 #include <fmt/ranges.h>
 

@@ -22,11 +22,11 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "rdmacc/topology.hpp"
-#include "src/buffer.hpp"
-#include "src/engine.hpp"
-#include "src/mesh.hpp"
-#include "src/rdma_transport.hpp"
-#include "src/wr_id.hpp"
+#include "src/core/buffer.hpp"
+#include "src/engine/engine.hpp"
+#include "src/transport/rdma/mesh.hpp"
+#include "src/transport/rdma/transport.hpp"
+#include "src/transport/rdma/wr_id.hpp"
 #include "verbs/error.hpp"
 
 namespace rdmacc {
@@ -356,11 +356,11 @@ TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
             std::make_unique<Mesh>(store, r, kSize, quickConfig(), MeshOptions{.group = "exposed"});
         transports[static_cast<size_t>(r)] =
             makeRdmaTransport(*meshes[static_cast<size_t>(r)], store,
-                              EngineOptions{.group = "exposed",
-                                            .rank = r,
-                                            .size = kSize,
-                                            .slotsPerPeer = kSlots,
-                                            .slotBytes = kSlotBytes4k});
+                              TransportOptions{.group = "exposed",
+                                               .rank = r,
+                                               .size = kSize,
+                                               .slotsPerPeer = kSlots,
+                                               .slotBytes = kSlotBytes4k});
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }

@@ -1,4 +1,4 @@
-// libFuzzer target for src/wire: a peer's arrivals (completion, immediate,
+// libFuzzer target for src/transport/wire: a peer's arrivals (completion, immediate,
 // header bytes) in any order and content, against a receiver that applies
 // what it accepts exactly as the engine does. Under ASan a payload accepted
 // for a receive is copied into a buffer of exactly the receive's size, so a
@@ -12,8 +12,8 @@
 #include <cstring>
 #include <vector>
 
-#include "src/credits.hpp"
-#include "src/wire.hpp"
+#include "src/transport/credits.hpp"
+#include "src/transport/wire.hpp"
 
 namespace {
 

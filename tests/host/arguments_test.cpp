@@ -1,5 +1,5 @@
-// Caller arguments checked before anything is sized from them (src/arguments).
-#include "src/arguments.hpp"
+// Caller arguments checked before anything is sized from them (src/backend/arguments).
+#include "src/backend/arguments.hpp"
 
 #include <gtest/gtest.h>
 

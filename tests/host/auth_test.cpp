@@ -17,9 +17,9 @@
 #include "rdmacc/environment.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
-#include "src/auth.hpp"
-#include "src/socket.hpp"
-#include "src/store_protocol.hpp"
+#include "src/store/auth.hpp"
+#include "src/store/protocol.hpp"
+#include "src/store/socket.hpp"
 
 namespace rdmacc {
 namespace {

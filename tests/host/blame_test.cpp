@@ -1,6 +1,6 @@
-// Who a timed-out group is stuck on (src/blame.hpp): the chains through the
+// Who a timed-out group is stuck on (src/engine/blame.hpp): the chains through the
 // reports the ranks sent, with a clock the test controls.
-#include "src/blame.hpp"
+#include "src/engine/blame.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
-#include "src/credits.hpp"
+#include "src/transport/credits.hpp"
 
 #include <cstring>
 
 #include "rdmacc/error.hpp"
-#include "src/slot_window.hpp"
+#include "src/transport/slot_window.hpp"
 
 #include <gtest/gtest.h>
 

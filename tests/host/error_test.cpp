@@ -7,7 +7,7 @@
 #include <cerrno>
 
 #include "rdmacc/error.hpp"
-#include "src/wr_id.hpp"
+#include "src/transport/rdma/wr_id.hpp"
 #include "verbs/error.hpp"
 
 namespace rdmacc {

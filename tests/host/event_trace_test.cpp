@@ -22,7 +22,7 @@
 #include "rdmacc/backend.hpp"
 #include "rdmacc/log.hpp"
 #include "rdmacc/store.hpp"
-#include "src/event_trace.hpp"
+#include "src/engine/event_trace.hpp"
 
 namespace rdmacc {
 namespace {

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "src/handshake.hpp"
+#include "src/transport/rdma/handshake.hpp"
 
 namespace rdmacc::handshake {
 namespace {

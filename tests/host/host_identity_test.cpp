@@ -8,9 +8,9 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
 #include "rdmacc/version.hpp"
-#include "src/handshake.hpp"
-#include "src/host_identity.hpp"
-#include "src/store_util.hpp"
+#include "src/bootstrap/host_identity.hpp"
+#include "src/store/store_util.hpp"
+#include "src/transport/rdma/handshake.hpp"
 
 namespace rdmacc {
 namespace {

@@ -1,4 +1,4 @@
-#include "src/owned_mutex.hpp"
+#include "src/core/owned_mutex.hpp"
 
 #include <mutex>
 #include <thread>

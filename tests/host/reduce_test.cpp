@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "src/reduce.hpp"
+#include "src/reduce/reduce.hpp"
 
 namespace rdmacc {
 namespace {

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "rdmacc/error.hpp"
-#include "src/registration_cache.hpp"
+#include "src/transport/registration_cache.hpp"
 
 using namespace rdmacc;
 

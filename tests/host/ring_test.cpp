@@ -1,4 +1,4 @@
-#include "src/ring.hpp"
+#include "src/core/ring.hpp"
 
 #include <gtest/gtest.h>
 

@@ -9,8 +9,8 @@
 #include <numeric>
 #include <set>
 
-#include "src/algorithms/algorithms.hpp"
-#include "src/schedule.hpp"
+#include "src/schedule/algorithms/algorithms.hpp"
+#include "src/schedule/schedule.hpp"
 
 namespace rdmacc {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "src/scratch.hpp"
+#include "src/engine/scratch.hpp"
 
 namespace rdmacc {
 namespace {

@@ -24,10 +24,10 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
 #include "rdmacc/version.hpp"
-#include "src/cma.hpp"
-#include "src/handshake.hpp"
-#include "src/shm_transport_impl.hpp"
-#include "src/store_util.hpp"
+#include "src/store/store_util.hpp"
+#include "src/transport/rdma/handshake.hpp"
+#include "src/transport/shm/cma.hpp"
+#include "src/transport/shm/transport_impl.hpp"
 
 namespace rdmacc {
 namespace {

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "src/rdma_transport.hpp"
+#include "src/transport/rdma/transport.hpp"
 
 using namespace rdmacc;
 

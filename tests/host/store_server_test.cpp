@@ -21,8 +21,8 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "rdmacc/store.hpp"
-#include "src/socket.hpp"
-#include "src/store_protocol.hpp"
+#include "src/store/protocol.hpp"
+#include "src/store/socket.hpp"
 
 namespace rdmacc {
 namespace {

@@ -17,9 +17,9 @@
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
-#include "src/socket.hpp"
-#include "src/store_protocol.hpp"
-#include "src/store_util.hpp"
+#include "src/store/protocol.hpp"
+#include "src/store/socket.hpp"
+#include "src/store/store_util.hpp"
 
 namespace rdmacc {
 namespace {

@@ -1,13 +1,13 @@
-// The validation of everything a peer writes into this rank (src/wire.hpp):
+// The validation of everything a peer writes into this rank (src/transport/wire.hpp):
 // a table of hostile completions and headers, each rejected with a message
 // that says what was sent; and the slot ledger's ownership rules.
-#include "src/wire.hpp"
+#include "src/transport/wire.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "src/credits.hpp"
+#include "src/transport/credits.hpp"
 
 namespace rdmacc::wire {
 namespace {

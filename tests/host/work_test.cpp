@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "rdmacc/error.hpp"
-#include "src/engine.hpp"
+#include "src/engine/engine.hpp"
 
 namespace rdmacc {
 namespace {

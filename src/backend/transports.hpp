@@ -1,0 +1,27 @@
+// The group's transports, made from where its peers are: shared memory to
+// the peers on this host, RDMA to the others (one transport per rail, each
+// peer striped over every rail), one transport when one carries every peer,
+// else all behind a composite. The backend places peers, so it owns this
+// choice; the engine receives the result and never names a transport.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "rdmacc/store.hpp"
+#include "src/transport/options.hpp"
+#include "src/transport/transport.hpp"
+
+namespace rdmacc {
+
+class Mesh;
+
+// `rails`: one mesh per NIC this rank stripes its RDMA peers over
+// (RDMACC_IB_RAILS); empty when every peer is reached through shared memory.
+// Resolves options.slotBytes 0 (autoSlotBytes) and sets up every transport
+// (slot regions exchanged through `store`); throws Error when that fails or
+// the slot size is not usable.
+std::unique_ptr<Transport> makeTransports(const std::vector<Mesh*>& rails, Store& store,
+                                          TransportOptions options);
+
+}  // namespace rdmacc

@@ -1,0 +1,485 @@
+// VerbsBackend's state and the argument checks its calls share: private to
+// backend/verbs_backend.cpp (construction, point-to-point, barriers, sequence
+// numbers) and backend/collectives.cpp (the collective calls, each turned into an
+// Operation with its schedule).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "rdmacc/backend.hpp"
+#include "rdmacc/config.hpp"
+#include "rdmacc/environment.hpp"
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+#include "rdmacc/tuning.hpp"
+#include "src/backend/arguments.hpp"
+#include "src/engine/engine.hpp"
+#include "src/engine/event_trace.hpp"
+#include "src/reduce/reduce.hpp"
+#include "src/schedule/algorithms/algorithms.hpp"
+#include "src/store/store_util.hpp"
+#include "src/transport/rdma/mesh.hpp"
+#include "src/transport/registration_cache.hpp"
+#include "verbs/qp.hpp"
+
+namespace rdmacc {
+
+constexpr int kLinearAlltoallMaxRanks = 8;          // Auto alltoall: every pair at once up to here
+constexpr uint32_t kInternalTagBase = 0x80000000u;  // user tags are non-negative ints
+
+inline Tensor& single(std::vector<Tensor>& tensors, const char* op) {
+  if (tensors.size() != 1) {
+    invalid(fmt::format("{} takes exactly one tensor per rank, got {}", op, tensors.size()),
+            "rdmacc drives one CPU tensor per call; use allreduce_coalesced for many");
+  }
+  checkTensor(tensors[0], op, "the tensor");
+  return tensors[0];
+}
+
+inline void checkReduce(ReduceOp op, DataType dtype, double factor, const char* name) {
+  if (!supports(op, dtype)) {
+    invalid(
+        fmt::format("{}: reduce op {} is not defined for {}", name, toString(op), toString(dtype)),
+        isFloatingPoint(dtype) ? "band/bor/bxor need an integer or bool tensor"
+                               : "avg and premulsum need a numeric (non-bool) tensor");
+  }
+  if (op == ReduceOp::PreMulSum && !std::isfinite(factor)) {
+    invalid(fmt::format("{}: the PreMulSum factor {} is not finite", name, factor));
+  }
+}
+
+inline int checkRoot(int64_t root, int size, const char* op) {
+  if (root < 0 || root >= size)
+    invalid(fmt::format("{}: root rank {} is not in [0, {})", op, root, size));
+  return static_cast<int>(root);
+}
+
+inline void checkSame(const Tensor& a, const Tensor& b, const char* op, const char* what) {
+  checkTensor(b, op, what);
+  if (a.dtype != b.dtype || a.numel != b.numel) {
+    invalid(fmt::format("{}: {} is {} x {}, but the input is {} x {}", op, what, b.numel,
+                        toString(b.dtype), a.numel, toString(a.dtype)),
+            "every tensor of the call must match the input's size and dtype");
+  }
+}
+
+inline uint64_t checkValue(uint64_t bytes, uint64_t a = 0, uint64_t b = 0, uint64_t c = 0) {
+  return bytes ^ (a << 40) ^ (b << 48) ^ (c << 56);
+}
+
+inline uint8_t* bytesOf(const Tensor& t) {
+  return static_cast<uint8_t*>(t.data);
+}
+
+struct VerbsBackend::Impl {
+  std::shared_ptr<Store> store;
+  int rank;
+  int size;
+  Config config;
+  std::chrono::milliseconds defaultTimeout;
+  size_t treeMaxBytes;
+  size_t oneShotBytes = 0;  // the engine's (Engine::oneShotBytes), once it exists
+  TuningTable tuning;
+  algorithms::Hosts hosts;  // which ranks share a host: hierarchical algorithms
+  std::string group;
+  std::vector<std::unique_ptr<Mesh>> rails;          // one mesh per NIC; empty: no RDMA peer
+  std::unique_ptr<RegistrationCache> registrations;  // after the meshes (the first's PD)
+  // Operations' large scratch buffers, kept for the next ones
+  // (RDMACC_SCRATCH_CACHE_BYTES); shared with the operations that hold one.
+  std::shared_ptr<ScratchPool> scratchPool;
+  std::unique_ptr<EventTrace> trace;  // RDMACC_TRACE_EVENTS; outlives the engine, which records
+  std::unique_ptr<Engine> engine;     // after all of these: stopped first
+  uint32_t monitoredBarriers = 0;
+
+  // A plan (the algorithm chosen and its schedule) depends only on the
+  // collective's shape (and this rank and group, the configuration and the
+  // tuning table, fixed for the backend's life): the most recent ones are
+  // shared by the operations that repeat them, as a training loop does,
+  // instead of chosen and built (and allocated) for every call.
+  struct Shape {
+    OpType type = OpType::Barrier;
+    Algorithm algorithm = Algorithm::Auto;  // the call's request
+    int root = -1;
+    size_t bytes = 0;
+    size_t elementSize = 0;
+    bool avg = false;
+    int variant = 0;  // a builder's own case (reduce_scatter: the ring reads the input in place)
+    friend bool operator==(const Shape&, const Shape&) = default;
+  };
+  struct CachedPlan {
+    Shape shape;
+    std::shared_ptr<const Plan> plan;
+    uint64_t lastUse = 0;
+  };
+  static constexpr size_t kCachedPlans = 32;
+  std::mutex plansMutex;
+  std::vector<CachedPlan> plans;
+  uint64_t planUses = 0;
+
+  // The plan for `shape`: cached, or chosen (choose(), for `collective`)
+  // and built (build(algorithm) returns the Schedule). A request choose()
+  // refuses throws and is not cached, so it throws again on every call.
+  template <typename Build>
+  std::shared_ptr<const Plan> planFor(const Shape& shape, std::string_view collective,
+                                      Build&& build) {
+    if (auto cached = cachedPlan(shape)) return cached;
+    const Algorithm algo = choose(shape.algorithm, collective, shape.bytes);
+    return keepPlan(shape, std::make_shared<const Plan>(build(algo), algo));
+  }
+  std::shared_ptr<const Plan> cachedPlan(const Shape& shape) {
+    std::lock_guard lock(plansMutex);
+    for (CachedPlan& c : plans) {
+      if (c.shape == shape) {
+        c.lastUse = ++planUses;
+        return c.plan;
+      }
+    }
+    return nullptr;
+  }
+  std::shared_ptr<const Plan> keepPlan(const Shape& shape, std::shared_ptr<const Plan> built) {
+    std::lock_guard lock(plansMutex);
+    if (plans.size() < kCachedPlans) {
+      plans.push_back({shape, built, ++planUses});
+    } else {
+      auto oldest = std::min_element(
+          plans.begin(), plans.end(),
+          [](const CachedPlan& a, const CachedPlan& b) { return a.lastUse < b.lastUse; });
+      *oldest = {shape, built, ++planUses};
+    }
+    return built;
+  }
+
+  std::chrono::milliseconds timeoutOf(std::chrono::milliseconds t) const {
+    return t.count() < 0 ? defaultTimeout : t;
+  }
+
+  // RDMACC_ALGO_<OP> (validated by Config), read once: a lookup per call
+  // cost a small allreduce ~800 instructions.
+  struct Forced {
+    Algorithm allreduce = Algorithm::Auto, broadcast = Algorithm::Auto, reduce = Algorithm::Auto,
+              barrier = Algorithm::Auto;
+  } forcedAlgorithms;
+  void readForcedAlgorithms() {
+    auto read = [&](const char* name) {
+      return algorithmNamed(config.getString(name)).value_or(Algorithm::Auto);
+    };
+    forcedAlgorithms = {.allreduce = read("RDMACC_ALGO_ALLREDUCE"),
+                        .broadcast = read("RDMACC_ALGO_BROADCAST"),
+                        .reduce = read("RDMACC_ALGO_REDUCE"),
+                        .barrier = read("RDMACC_ALGO_BARRIER")};
+  }
+  Algorithm forced(std::string_view collective) const {
+    const Forced& f = forcedAlgorithms;
+    return collective == "allreduce"   ? f.allreduce
+           : collective == "broadcast" ? f.broadcast
+           : collective == "reduce"    ? f.reduce
+           : collective == "barrier"   ? f.barrier
+                                       : Algorithm::Auto;
+  }
+
+  // The call's choice, else RDMACC_ALGO_<OP> (allreduce, broadcast, reduce,
+  // barrier; validated by Config), else the tuning table (RDMACC_TUNE_FILE:
+  // allreduce, broadcast, allgather), else automatic(). `collective` is one
+  // of algorithmsOf()'s names and `bytes` the size its automatic choice goes
+  // by; the choice must be one of its algorithms.
+  Algorithm choose(Algorithm requested, std::string_view collective, size_t bytes) const {
+    Algorithm algo = requested;
+    if (algo == Algorithm::Auto) algo = forced(collective);
+    if (algo == Algorithm::Auto) {
+      if (auto tuned = tuning.lookup(collective, size, bytes)) algo = *tuned;
+    }
+    if (algo == Algorithm::Auto) algo = automatic(collective, bytes);
+    // RDMACC_ALGO_* and the tuning table were checked against the collective
+    // when read, automatic() picks only its own: the call's is checked here.
+    if (requested != Algorithm::Auto) {
+      const auto allowed = algorithmsOf(collective);
+      if (std::find(allowed.begin(), allowed.end(), algo) == allowed.end()) {
+        std::string names;
+        for (Algorithm a : allowed)
+          names += fmt::format("{}{}", names.empty() ? "" : ", ", toString(a));
+        invalid(fmt::format("{} has no {} algorithm", collective, toString(algo)),
+                fmt::format("use auto, {}", names));
+      }
+    }
+    if (algo == Algorithm::RecursiveDoubling && !algorithms::isPowerOfTwo(size)) {
+      invalid(fmt::format("recursive doubling needs a power-of-two group, not {} ranks", size),
+              "use ring or tree (or auto) for this group");
+    }
+    return algo;
+  }
+
+  // Hierarchical allreduce and barrier whenever the group is layered
+  // (measured: fewer and shared network steps); hierarchical broadcast and
+  // reduce only when ranks of a host are not consecutive: with consecutive
+  // ones the flat chain or tree already crosses each host boundary once, and
+  // forwards one copy per rank (docs/performance.md, the hierarchical table).
+  Algorithm automatic(std::string_view collective, size_t bytes) const {
+    // Latency-bound allgathers and reduce-scatters (by the gathered or whole
+    // size, the same on every rank) go to every rank at once, larger ones
+    // around the ring.
+    if (collective == "allgather" || collective == "reduce_scatter") {
+      return bytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
+    }
+    // Alltoall sizes may differ between ranks, so only the group decides:
+    // every pair at once in small groups, pairwise steps (no incast) in
+    // larger ones.
+    if (collective == "alltoall") {
+      return size <= kLinearAlltoallMaxRanks ? Algorithm::Linear : Algorithm::Pairwise;
+    }
+    const bool topological = collective == "allreduce" || collective == "barrier";
+    if (hosts.layered() && (topological || !hosts.contiguous())) return Algorithm::Hierarchical;
+    if (collective == "barrier") return Algorithm::Dissemination;
+    if (collective == "reduce") return Algorithm::Tree;
+    if (bytes > treeMaxBytes) return Algorithm::Ring;
+    // Small allreduces in power-of-two groups: log2 n exchanges instead of a
+    // tree's 2 log2 n hops.
+    return collective == "allreduce" && size > 1 && algorithms::isPowerOfTwo(size)
+               ? Algorithm::RecursiveDoubling
+               : Algorithm::Tree;
+  }
+
+  // The allgather plan of equal blocks that add up to shape.bytes (the
+  // gathered size).
+  std::shared_ptr<const Plan> allgatherPlan(const Shape& shape) {
+    return planFor(shape, "allgather", [&](Algorithm algo) {
+      const auto blocks = uniformBlocks(shape.bytes / static_cast<size_t>(size), size);
+      return algo == Algorithm::Ring ? algorithms::ringAllgather(rank, size, blocks)
+                                     : algorithms::linearAllgather(rank, size, blocks);
+    });
+  }
+
+  // Reduce-scatter of every rank's whole input, laid out in `blocks` in the
+  // returned scratch (the caller's prologue fills it), into `out`: around the
+  // ring, or for latency-bound sizes (the total is the same on every rank) in
+  // one step: rank p gets block p from everyone and combines the
+  // contributions in rank order (the same sums whatever arrives first).
+  // With `input` (contiguous, laid out like `blocks`) the ring reads it where
+  // it is and nullptr is returned: no prologue (ringReduceScatterToOutput).
+  // The blocks follow from op.type and totalBytes (even blocks of the
+  // elements, or of the bytes of the list form), so the plan is cached by them.
+  uint8_t* planReduceScatter(Operation& op, Algorithm requested, const std::vector<Range>& blocks,
+                             size_t totalBytes, const Tensor& out, ReduceOp reduceOp,
+                             const uint8_t* input = nullptr) {
+    const bool fromInput = input != nullptr && size > 1;
+    op.schedule =
+        planFor(Shape{.type = op.type,
+                      .algorithm = requested,
+                      .bytes = totalBytes,
+                      .elementSize = elementSize(out.dtype),
+                      .variant = fromInput ? 1 : 0},
+                "reduce_scatter", [&](Algorithm algo) {
+                  return algo == Algorithm::Ring
+                             ? algorithms::ringReduceScatterToOutput(rank, size, blocks, fromInput)
+                             : algorithms::linearReduceScatter(rank, size, blocks);
+                });
+    const Algorithm algo = op.schedule->algorithm;
+    const bool avg = reduceOp == ReduceOp::Avg;
+    const Range mine = blocks[static_cast<size_t>(rank)];
+    op.dtype = out.dtype;
+    op.reduceOp = reduceOp;
+    if (algo == Algorithm::Ring) {
+      // The last receive writes block `rank` into `out` (toOutput); the
+      // scratch holds the partial sums forwarded before it (and without
+      // `input`, the packed inputs).
+      uint8_t* flat = op.scratch.allocate(totalBytes, scratchPool);
+      op.sendBase = fromInput ? const_cast<uint8_t*>(input) : flat;
+      op.recvBase = flat;
+      op.outBase = static_cast<uint8_t*>(out.data);
+      op.outOrigin = mine.offset;
+      const size_t count = mine.bytes / elementSize(out.dtype);
+      if (size == 1) {  // no steps: its own block is the result
+        op.epilogue = [flat, out, mine] {
+          if (mine.bytes > 0) std::memcpy(out.data, flat + mine.offset, mine.bytes);
+        };
+      } else if (avg) {
+        op.epilogue = [out, count, n = size] { divideBy(out.data, count, out.dtype, n); };
+      }
+      return fromInput ? nullptr : flat;
+    }
+    uint8_t* flat =
+        op.scratch.allocate(totalBytes + static_cast<size_t>(size - 1) * mine.bytes, scratchPool);
+    uint8_t* gathered = flat + totalBytes;
+    op.sendBase = flat;
+    op.recvBase = gathered;
+    op.epilogue = [flat, gathered, out, mine, me = rank, n = size, reduceOp, avg] {
+      if (mine.bytes == 0) return;
+      auto part = [&](int r) -> const uint8_t* {
+        if (r == me) return flat + mine.offset;
+        return gathered + static_cast<size_t>(r < me ? r : r - 1) * mine.bytes;
+      };
+      size_t count = mine.bytes / elementSize(out.dtype);
+      if (n == 1) {
+        std::memcpy(out.data, part(0), mine.bytes);
+      } else {  // in rank order, the first two in one pass
+        reduceTo(out.data, part(0), part(1), count, out.dtype, reduceOp);
+      }
+      for (int r = 2; r < n; ++r) reduceInto(out.data, part(r), count, out.dtype, reduceOp);
+      if (avg) divideBy(out.data, count, out.dtype, n);
+    };
+    return flat;
+  }
+
+  // Cached when every block has one size (no splits, or even ones): the
+  // blocks then follow from the total (the callers checked that this rank's
+  // own block is as large sent as received, so then all are); uneven splits
+  // are chosen and built per call.
+  std::shared_ptr<const Plan> alltoallPlan(OpType type, Algorithm requested,
+                                           const std::vector<Range>& sendBlocks,
+                                           const std::vector<Range>& recvBlocks) {
+    auto build = [&](Algorithm algo) {
+      return algo == Algorithm::Pairwise
+                 ? algorithms::pairwiseAlltoall(rank, size, sendBlocks, recvBlocks)
+                 : algorithms::linearAlltoall(rank, size, sendBlocks, recvBlocks);
+    };
+    auto even = [](const std::vector<Range>& blocks) {
+      return std::all_of(blocks.begin(), blocks.end(),
+                         [&](const Range& b) { return b.bytes == blocks.front().bytes; });
+    };
+    if (!sendBlocks.empty() && even(sendBlocks) && even(recvBlocks)) {
+      return planFor(Shape{.type = type,
+                           .algorithm = requested,
+                           .bytes = sendBlocks.front().bytes * sendBlocks.size()},
+                     "alltoall", build);
+    }
+    const Algorithm algo = choose(requested, "alltoall", 0);
+    return std::make_shared<const Plan>(build(algo), algo);
+  }
+
+  std::shared_ptr<Work> submit(std::unique_ptr<Operation> op) {
+    return engine->submit(std::move(op));
+  }
+
+  std::unique_ptr<Operation> collective(OpType type, std::chrono::milliseconds timeout) {
+    auto op = std::make_unique<Operation>();
+    op->type = type;
+    op->timeout = timeoutOf(timeout);
+    return op;
+  }
+
+  // An allreduce over one contiguous buffer (used by allreduce and allreduce_coalesced).
+  // Returns the algorithm chosen.
+  Algorithm buildAllreduce(Operation& op, uint8_t* data, size_t count, DataType dtype,
+                           ReduceOp reduceOp, double factor, Algorithm algorithm) {
+    size_t es = elementSize(dtype);
+    size_t bytes = count * es;
+    bool avg = reduceOp == ReduceOp::Avg;
+    // Every rank on this host, small, auto: one-shot through the shared
+    // memory board (the same choice on every rank: the group's layout, the
+    // size and settings that must agree).
+    const bool oneShot = isOneShot(algorithm, bytes);
+    const Shape shape{.type = OpType::Allreduce,
+                      .algorithm = algorithm,
+                      .bytes = bytes,
+                      .elementSize = es,
+                      .avg = avg,
+                      .variant = oneShot ? 1 : 0};
+    if (oneShot) {
+      op.schedule = cachedPlan(shape);
+      if (!op.schedule) op.schedule = keepPlan(shape, boardPlan(bytes));
+    } else {
+      op.schedule = planFor(shape, "allreduce", [&](Algorithm algo) {
+        switch (algo) {
+          case Algorithm::Ring:
+            return algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg);
+          case Algorithm::Tree:
+            return algorithms::treeAllreduce(rank, size, bytes, avg);
+          case Algorithm::Hierarchical:  // split the data over every rank when bandwidth-bound
+            return algorithms::hierarchicalAllreduce(rank, hosts, count, es, avg,
+                                                     bytes > treeMaxBytes);
+          default:
+            return algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
+        }
+      });
+    }
+    const Algorithm algo = op.schedule->algorithm;
+    op.sendBase = op.recvBase = data;
+    op.dtype = dtype;
+    op.reduceOp = reduceOp;
+    op.avgDivisor = avg ? size : 0;
+    op.checkValue = allreduceCheck(bytes, reduceOp, dtype, algo);
+    if (reduceOp == ReduceOp::PreMulSum) {
+      op.prologue = [data, count, dtype, factor] { scaleBy(data, count, dtype, factor); };
+    }
+    op.describe("{} x {}, {}, {}", count, toString(dtype), toString(reduceOp),
+                oneShot ? "one-shot" : toString(algo));
+    return algo;
+  }
+
+  static uint64_t allreduceCheck(size_t bytes, ReduceOp reduceOp, DataType dtype, Algorithm algo) {
+    return checkValue(bytes, static_cast<uint64_t>(reduceOp), static_cast<uint64_t>(dtype),
+                      static_cast<uint64_t>(algo));
+  }
+
+  bool isOneShot(Algorithm algorithm, size_t bytes) const {
+    return algorithm == Algorithm::Auto && forcedAlgorithms.allreduce == Algorithm::Auto &&
+           size > 1 && bytes > 0 && bytes <= oneShotBytes;
+  }
+
+  // A one-shot allreduce of `bytes` (Plan::board): its one step names every
+  // peer, in rank order, as sent to and received from.
+  std::shared_ptr<const Plan> boardPlan(size_t bytes) const {
+    Step step;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      step.sends.push_back(SendSpec{.peer = peer, .range = {0, bytes}});
+      step.recvs.push_back(RecvSpec{.peer = peer, .range = {0, bytes}, .combine = Combine::Reduce});
+    }
+    auto plan = std::make_shared<Plan>(Schedule{std::move(step)});
+    plan->board = true;
+    return plan;
+  }
+
+  // allgather and allgather_coalesced: every rank's inputs packed into one block.
+  std::shared_ptr<Work> allgatherPacked(OpType type, std::vector<std::vector<Tensor>>& outputLists,
+                                        std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
+    if (outputLists.size() != static_cast<size_t>(size)) {
+      invalid(fmt::format("allgather_coalesced needs {} output lists (one per rank), got {}", size,
+                          outputLists.size()));
+    }
+    size_t perRank = 0;
+    for (const auto& t : inputs) {
+      checkTensor(t, "allgather_coalesced", "an input");
+      perRank += t.bytes();
+    }
+    for (const auto& list : outputLists) {
+      if (list.size() != inputs.size())
+        invalid("allgather_coalesced: every output list must match the input list");
+      for (size_t i = 0; i < list.size(); ++i)
+        checkSame(inputs[i], list[i], "allgather_coalesced", "an output");
+    }
+    auto op = collective(type, opts.timeout);
+    uint8_t* flat = op->scratch.allocate(perRank * static_cast<size_t>(size), scratchPool);
+    op->schedule = allgatherPlan(Shape{
+        .type = type, .algorithm = opts.algorithm, .bytes = perRank * static_cast<size_t>(size)});
+    op->sendBase = op->recvBase = flat;
+    std::vector<Tensor> ins = inputs;
+    std::vector<std::vector<Tensor>> outs = outputLists;
+    int me = rank;
+    op->prologue = [flat, ins, perRank, me] {
+      size_t at = perRank * static_cast<size_t>(me);
+      for (const auto& t : ins) {
+        if (t.bytes() > 0) std::memcpy(flat + at, t.data, t.bytes());
+        at += t.bytes();
+      }
+    };
+    op->epilogue = [flat, outs] {
+      size_t at = 0;
+      for (const auto& list : outs) {
+        for (const auto& t : list) {
+          if (t.bytes() > 0) std::memcpy(t.data, flat + at, t.bytes());
+          at += t.bytes();
+        }
+      }
+    };
+    op->checkValue = checkValue(perRank, inputs.size());
+    op->describe("{} tensor(s), {} bytes per rank", inputs.size(), perRank);
+    return submit(std::move(op));
+  }
+};
+
+}  // namespace rdmacc

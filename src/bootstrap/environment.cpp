@@ -1,0 +1,185 @@
+#include "rdmacc/environment.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "src/store/auth.hpp"
+
+namespace rdmacc {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+int envInt(const char* name, int min, int max) {
+  const char* v = env(name);
+  int64_t n = parseInt(v, name);
+  if (n < min || n > max) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{}={} is out of range [{}, {}]", name, v, min, max),
+                "the launcher sets it; check the launch command");
+  }
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+std::vector<std::string> launcherVariables() {
+  constexpr const char* kNames[] = {"RANK",
+                                    "WORLD_SIZE",
+                                    "LOCAL_RANK",
+                                    "LOCAL_WORLD_SIZE",
+                                    "MASTER_ADDR",
+                                    "MASTER_PORT",
+                                    "OMPI_COMM_WORLD_RANK",
+                                    "OMPI_COMM_WORLD_SIZE",
+                                    "OMPI_COMM_WORLD_LOCAL_RANK",
+                                    "PMI_RANK",
+                                    "PMI_SIZE",
+                                    "MPI_LOCALRANKID",
+                                    "SLURM_PROCID",
+                                    "SLURM_NTASKS",
+                                    "SLURM_LOCALID",
+                                    "SLURM_JOB_ID"};
+  std::vector<std::string> out;
+  for (const char* name : kNames) {
+    if (const char* value = env(name)) out.push_back(fmt::format("{}={}", name, value));
+  }
+  return out;
+}
+
+namespace {
+
+// Under sbatch (or salloc) without srun, the batch script's one process sees
+// the allocation's SLURM_NTASKS (and SLURM_PROCID=0): as rank 0 of N it
+// would wait for N - 1 ranks nobody starts. Only srun's tasks run in a job
+// step of their own (SLURM_STEP_ID a step number; the batch step is
+// 4294967294, the extern step 4294967295).
+void checkSrunStep() {
+  const char* tasks = env("SLURM_NTASKS");
+  const char* step = env("SLURM_STEP_ID");
+  if (tasks == nullptr || std::string_view(tasks) == "1") return;
+  const bool noTask = step == nullptr || std::string_view(step) == "4294967294" ||
+                      std::string_view(step) == "4294967295";
+  if (!noTask) return;
+  throw Error(ErrorKind::InvalidArgument,
+              fmt::format("SLURM_NTASKS={} but this process is not a task of an srun step "
+                          "(SLURM_STEP_ID {}): it runs the batch script, and as one rank of {} "
+                          "it would wait for ranks that nobody starts",
+                          tasks, step == nullptr ? "unset" : step, tasks),
+              "start the ranks with srun (`srun python3 train.py`), or with torchrun or mpirun "
+              "inside the allocation; see docs/multi-node.md");
+}
+
+}  // namespace
+
+namespace {
+
+struct Scheme {
+  const char* rank;
+  const char* size;
+  const char* localRank;
+  const char* launcher;
+};
+constexpr Scheme kSchemes[] = {
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun/rdmacc-run"},
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"},
+    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "mpirun"},
+    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "srun"},
+};
+
+// The launcher that set this process's rank, if any.
+const Scheme* launcherScheme() {
+  for (const auto& s : kSchemes) {
+    if (env(s.rank) != nullptr || env(s.size) != nullptr) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string authKey(const Config& config) {
+  return auth::loadKey(config);
+}
+
+int localRankFromEnvironment() {
+  const Scheme* s = launcherScheme();
+  if (s == nullptr || env(s->localRank) == nullptr) return 0;
+  return envInt(s->localRank, 0, 1 << 20);
+}
+
+GroupEnvironment groupFromEnvironment(const Config& config) {
+  GroupEnvironment g;
+  const Scheme* found = launcherScheme();
+  if (found == nullptr) {
+    g.launcher = "single process";
+    g.store = std::make_shared<HashStore>(config.getDuration("RDMACC_STORE_TIMEOUT"));
+    return g;
+  }
+  if (env(found->rank) == nullptr || env(found->size) == nullptr) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{} and {} must be set together", found->rank, found->size),
+                "launch with rdmacc-run, torchrun, mpirun or srun, or set both");
+  }
+  if (std::string_view(found->launcher) == "srun") checkSrunStep();
+  g.launcher = found->launcher;
+  g.size = envInt(found->size, 1, 1 << 20);
+  g.rank = envInt(found->rank, 0, g.size - 1);
+  g.localRank = localRankFromEnvironment();  // one definition (0 when unset), as the NIC choice
+  auto timeout = config.getDuration("RDMACC_STORE_TIMEOUT");
+  if (g.size == 1 && env("MASTER_ADDR") == nullptr) {
+    g.store = std::make_shared<HashStore>(timeout);
+    return g;
+  }
+  const char* addr = env("MASTER_ADDR");
+  const char* port = env("MASTER_PORT");
+  if (addr == nullptr || port == nullptr) {
+    throw Error(
+        ErrorKind::InvalidArgument,
+        fmt::format("{} ranks need a rendezvous store, but MASTER_ADDR/MASTER_PORT are not set",
+                    g.size),
+        std::string_view(g.launcher) == "mpirun"
+            ? "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> and pass them to "
+              "the ranks: Open MPI forwards only OMPI_* variables (mpirun -x MASTER_ADDR -x "
+              "MASTER_PORT ...); see docs/multi-node.md"
+        : std::string_view(g.launcher) == "srun"
+            ? "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) "
+              "MASTER_PORT=<free TCP port> before srun; see docs/multi-node.md"
+            : "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> (torchrun and "
+              "rdmacc-run set them for you); see docs/multi-node.md");
+  }
+  int portNumber = envInt("MASTER_PORT", 1, 65535);
+  bool agentHosts = config.getBool("RDMACC_AGENT_STORE");
+  // rdmacc-run hosts its store on a port of its own and leaves MASTER_PORT
+  // free for torch.distributed's store (rank 0 binds it).
+  if (int storePort = static_cast<int>(config.getInt("RDMACC_STORE_PORT"));
+      agentHosts && storePort > 0) {
+    portNumber = storePort;
+  }
+  // torchrun's agent serves torch's own store (another wire protocol) at
+  // MASTER_PORT: rank 0 hosts rdmacc's on the next port.
+  if (const char* torchAgent = env("TORCHELASTIC_USE_AGENT_STORE");
+      !agentHosts && torchAgent != nullptr && std::string_view(torchAgent) == "True") {
+    if (portNumber == 65535) {
+      throw Error(
+          ErrorKind::InvalidArgument, "MASTER_PORT 65535 leaves no port for rdmacc's store",
+          "under torchrun, rank 0 hosts rdmacc's store at MASTER_PORT+1: pick a lower port");
+    }
+    ++portNumber;
+  }
+  g.store = std::make_shared<TCPStore>(addr, static_cast<uint16_t>(portNumber),
+                                       TCPStoreOptions{.isServer = g.rank == 0 && !agentHosts,
+                                                       .timeout = timeout,
+                                                       .connectTimeout = timeout,
+                                                       .authKey = authKey(config)});
+  return g;
+}
+
+}  // namespace rdmacc

@@ -1,0 +1,108 @@
+#include "src/bootstrap/host_identity.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "rdmacc/environment.hpp"
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+#include "rdmacc/version.hpp"
+#include "src/store/store_util.hpp"
+#include "src/transport/rdma/handshake.hpp"
+
+namespace rdmacc {
+namespace {
+
+std::string firstLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string link(const char* path) {
+  std::array<char, 256> buffer{};
+  ssize_t n = ::readlink(path, buffer.data(), buffer.size() - 1);
+  return n > 0 ? std::string(buffer.data(), static_cast<size_t>(n)) : std::string("?");
+}
+
+}  // namespace
+
+std::string hostIdentity(const std::string& override) {
+  if (!override.empty()) return override;
+  return fmt::format("{}/{}/{}/{}/{}", hostName(), firstLine("/proc/sys/kernel/random/boot_id"),
+                     link("/proc/self/ns/mnt"), link("/proc/self/ns/net"),
+                     link("/proc/self/ns/pid"));
+}
+
+std::vector<int> hostNumbers(Store& store, const std::string& group, int rank, int size,
+                             const std::string& identity, const std::string& agreed) {
+  PrefixStore hosts("rdmacc/host/" + group, std::shared_ptr<Store>(&store, [](Store*) {}));
+  // Line 1: what this rank speaks (the versions a mismatch error names);
+  // line 2: the settings every rank must share; the rest: its host identity.
+  const std::string mine = fmt::format("rdmacc {} protocol {}", version(), handshake::kVersion);
+  hosts.set(fmt::format("{}", rank), toBytes(mine + "\n" + agreed + "\n" + identity));
+  std::vector<std::string> identities(static_cast<size_t>(size));
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) {
+      identities[static_cast<size_t>(peer)] = identity;
+      continue;
+    }
+    const std::string text = toString(hosts.get(fmt::format("{}", peer)));
+    const auto first = text.find('\n');
+    const auto second = first == std::string::npos ? first : text.find('\n', first + 1);
+    // At most 64 bytes of a peer's text in a message: it is hostile input.
+    const std::string speaks = text.substr(0, std::min(first, size_t{64}));
+    if (first == std::string::npos || speaks.rfind("rdmacc ", 0) != 0) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank {} runs an rdmacc that does not state its version (it "
+                                 "wrote '{}'); this rank runs {}",
+                                 peer, speaks, mine),
+          .peerRank = peer,
+          .hint = "install the same rdmacc on every node (one venv or prefix on the shared "
+                  "file system)"});
+    }
+    const std::string protocol = fmt::format("protocol {}", handshake::kVersion);
+    if (!speaks.ends_with(" " + protocol)) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank {} runs {}, this rank {}: their protocols differ", peer,
+                                 speaks, mine),
+          .peerRank = peer,
+          .hint = "install the same rdmacc on every node (one venv or prefix on the shared "
+                  "file system)"});
+    }
+    if (speaks != mine) {
+      log(LogLevel::Info, "rank {} runs {}, this rank {} (the same protocol)", peer, speaks, mine);
+    }
+    const std::string theirs =
+        second == std::string::npos
+            ? std::string()
+            : text.substr(first + 1, std::min(second - first - 1, size_t{96}));
+    if (second == std::string::npos || theirs != agreed) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::InvalidArgument,
+          .message = fmt::format("rank {} runs with {}, this rank with {}", peer, theirs, agreed),
+          .peerRank = peer,
+          .hint = "set these the same on every rank (or leave them at their defaults)"});
+    }
+    identities[static_cast<size_t>(peer)] = text.substr(second + 1);
+  }
+  std::vector<int> number(static_cast<size_t>(size));
+  std::map<std::string_view, int> seen;
+  for (size_t r = 0; r < identities.size(); ++r) {
+    number[r] = seen.emplace(identities[r], static_cast<int>(seen.size())).first->second;
+  }
+  return number;
+}
+
+}  // namespace rdmacc

@@ -1,0 +1,47 @@
+// What a transport is built with (backend/transports.cpp makes them from
+// the option table): the group, this rank's place in it, slot geometry and
+// each transport's own switches. The engine's options are its own
+// (engine/engine.hpp): a transport never sees them, so a test can hand the
+// engine any Transport.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace rdmacc {
+
+class RegistrationCache;
+
+struct TransportOptions {
+  std::string group;
+  int rank = 0;
+  int size = 1;
+  // By rank: the peers reached through shared memory (transport/shm/);
+  // the others through the RDMA rails. Empty: every peer through RDMA.
+  std::vector<bool> sharedMemoryPeers;
+  int slotsPerPeer = 16;
+  // 0: autoSlotBytes(world size, slotsPerPeer) (transport/rdma/transport.hpp).
+  size_t slotBytes = 0;
+  // Memory the user registered: payloads of at least zeroCopyMinBytes in it
+  // are sent from it without the staging copy (RDMA). Null: always copy.
+  const RegistrationCache* registrations = nullptr;
+  size_t zeroCopyMinBytes = 16384;
+  // Shared memory: receives of at least zeroCopyMinBytes are advertised to
+  // local peers, which write them in place with one copy (process_vm_writev)
+  // where the kernel permits (RDMACC_SHM_SINGLE_COPY).
+  bool shmSingleCopy = true;
+  // Shared memory: register for membarrier(GLOBAL_EXPEDITED) so that local
+  // senders need no fence before reading a peer's sleeping flag
+  // (RDMACC_SHM_MEMBARRIER; ShmTransport::publishFence).
+  bool shmMembarrier = true;
+  // Shared memory, every peer on this host: allreduces up to this many bytes
+  // are one-shot through the board (transport/transport.hpp, Board). 0: never.
+  size_t shmOneShotBytes = 4096;
+  // RDMA, one rail carrying every peer: allreduces up to this many bytes
+  // (and what one inline write carries) are one-shot through the RDMA board.
+  // 0: never. Every rank must offer one for the group to have it.
+  size_t rdmaOneShotBytes = 64;
+};
+
+}  // namespace rdmacc

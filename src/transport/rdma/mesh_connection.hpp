@@ -1,0 +1,15 @@
+// A mesh's connection to one peer (one queue pair): shared by transport/rdma/mesh.cpp and
+// transport/rdma/mesh_setup.cpp, private to them.
+#pragma once
+
+#include "src/transport/rdma/mesh.hpp"
+
+namespace rdmacc {
+
+struct Mesh::Connection {
+  verbs::CmIdPtr id;  // the QP below is destroyed first
+  verbs::QpPtr qp;
+  int pathMtu = 0;
+};
+
+}  // namespace rdmacc

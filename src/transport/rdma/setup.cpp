@@ -1,0 +1,180 @@
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "src/store/store_util.hpp"
+#include "src/transport/rdma/board_words.hpp"
+#include "src/transport/rdma/transport.hpp"
+#include "src/transport/rdma/transport_impl.hpp"
+#include "verbs/error.hpp"
+
+namespace rdmacc {
+
+size_t autoSlotBytes(int worldSize, int slotsPerPeer) {
+  constexpr size_t kBudget = size_t{32} << 20;  // both regions together
+  constexpr size_t kMin = size_t{16} << 10;
+  size_t bytes = size_t{256} << 10;
+  size_t perSlotOfEveryPeer = 2 * static_cast<size_t>(std::max(worldSize - 1, 1)) *
+                              static_cast<size_t>(std::max(slotsPerPeer, 1));
+  while (bytes > kMin && bytes * perSlotOfEveryPeer > kBudget) bytes /= 2;
+  return bytes;
+}
+
+std::unique_ptr<Transport> makeRdmaTransport(Mesh& mesh, Store& store,
+                                             const TransportOptions& options) {
+  return std::make_unique<rdma::RdmaTransport>(mesh, store, options);
+}
+
+namespace rdma {
+
+using wire::kHeaderBytes;
+
+RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& options)
+    : mesh_(mesh),
+      registrations_(options.registrations),
+      zeroCopyMinBytes_(options.zeroCopyMinBytes),
+      rank_(mesh.rank()),
+      size_(mesh.size()),
+      slotsPerPeer_(options.slotsPerPeer),
+      slotBytes_(options.slotBytes == 0 ? autoSlotBytes(size_, slotsPerPeer_) : options.slotBytes) {
+  const auto recvDepth = mesh.qpParams().recvDepth;
+  const auto sendDepth = mesh.qpParams().sendDepth;
+  if (static_cast<uint32_t>(2 * slotsPerPeer_ + 4) > std::min(recvDepth, sendDepth)) {
+    throw Error(
+        ErrorKind::InvalidArgument,
+        fmt::format("{} slots per peer need queue depths of at least {} (send {}, receive {})",
+                    slotsPerPeer_, 2 * slotsPerPeer_ + 4, sendDepth, recvDepth),
+        "raise RDMACC_QP_SEND_DEPTH/RDMACC_QP_RECV_DEPTH or lower RDMACC_SLOTS_PER_PEER");
+  }
+  chunk_ = slotBytes_ - kHeaderBytes;
+  const verbs::QpParams& qp = mesh.qpParams();
+  retryBudget_ = 4.096e-6 * static_cast<double>(uint64_t{1} << qp.ackTimeout) * (qp.retryCount + 1);
+  stallLimit_ =
+      std::max(std::chrono::duration<double>(2 * retryBudget_), std::chrono::duration<double>(5.0));
+  // A group of one has no peers; its regions are a token slot.
+  size_t region =
+      size_ == 1 ? slotBytes_
+                 : static_cast<size_t>(size_ - 1) * static_cast<size_t>(slotsPerPeer_) * slotBytes_;
+  recvRegion_ = PageBuffer(region);
+  stagingRegion_ = PageBuffer(region);
+  stagingMr_ =
+      verbs::registerMemory(mesh.pd(), stagingRegion_.data(), region, IBV_ACCESS_LOCAL_WRITE);
+  connect(store, options.group, options.rdmaOneShotBytes);
+}
+
+// The one-shot board this rank offers: RDMACC_RDMA_ONE_SHOT_BYTES, as far as
+// one inline write carries an entry to every peer; none when a peer is not
+// on this rail's mesh (shared memory) or with a single rank.
+static size_t boardBytesOffered(const Mesh& mesh, size_t wanted) {
+  if (wanted == 0 || mesh.size() < 2) return 0;
+  uint32_t inlineBytes = UINT32_MAX;
+  for (int rank = 0; rank < mesh.size(); ++rank) {
+    if (rank == mesh.rank()) continue;
+    if (!mesh.connects(rank)) return 0;
+    inlineBytes = std::min(inlineBytes, verbs::maxInlineData(mesh.qp(rank, 0)));
+  }
+  return std::min(wanted, board_words::maxPayload(inlineBytes));
+}
+
+// Publishes "base:slots:slotBytes:rkey,...:boardBytes:boardBase:boardStride:rkey,..."
+// (one rkey per peer, in rank order without this rank) and sets up every
+// peer from what it published. The board exists when every rank offers one
+// (its size: the smallest offered).
+void RdmaTransport::connect(Store& store, const std::string& groupName, size_t boardBytes) {
+  const size_t perPeer = static_cast<size_t>(slotsPerPeer_) * slotBytes_;
+  std::string rkeys;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    recvMrs_.push_back(verbs::registerMemory(mesh_.pd(), recvRegion_.data() + slotOffset(p, 0),
+                                             perPeer, verbs::kRemoteWriteAccess));
+    rkeys += fmt::format("{}{}", rkeys.empty() ? "" : ",", recvMrs_.back()->rkey);
+  }
+  boardBytes = boardBytesOffered(mesh_, boardBytes);
+  std::string boardRkeys;
+  if (boardBytes > 0) {
+    boardStride_ = roundUp(8 * board_words::entryWords(boardBytes), 64);
+    const size_t perSource = kBoardEntries * boardStride_;
+    boardRegion_ = PageBuffer(static_cast<size_t>(size_) * perSource);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      boardMrs_.push_back(verbs::registerMemory(
+          mesh_.pd(), boardRegion_.data() + static_cast<size_t>(p) * perSource, perSource,
+          verbs::kRemoteWriteAccess));
+      boardRkeys += fmt::format("{}{}", boardRkeys.empty() ? "" : ",", boardMrs_.back()->rkey);
+    }
+  }
+  PrefixStore group("rdmacc/engine/" + groupName, std::shared_ptr<Store>(&store, [](Store*) {}));
+  group.set(fmt::format("slots/{}", rank_),
+            toBytes(fmt::format(
+                "{}:{}:{}:{}:{}:{}:{}:{}", reinterpret_cast<uintptr_t>(recvRegion_.data()),
+                slotsPerPeer_, slotBytes_, rkeys, boardBytes,
+                reinterpret_cast<uintptr_t>(boardRegion_.data()), boardStride_, boardRkeys)));
+  peers_.resize(static_cast<size_t>(size_));
+  size_t groupBoard = boardBytes;
+  for (int rank = 0; rank < size_; ++rank) {
+    if (rank == rank_) continue;
+    const std::string key = fmt::format("slots/{}", rank);
+    const std::string text = toString(group.get(key));
+    const auto fields = splitFields(text, ':');
+    if (fields.size() != 8) {
+      throw Error(ErrorKind::Protocol,
+                  fmt::format("rank {} published malformed slot information '{}'", rank, text));
+    }
+    const uint64_t base = storeNumber(fields[0], UINT64_MAX, key);
+    const auto slots = static_cast<int>(storeNumber(fields[1], INT32_MAX, key));
+    const size_t slotBytes = storeNumber(fields[2], SIZE_MAX, key);
+    // Our rkey in the peer's list: its peers in rank order, without itself.
+    const size_t mine = peerIndex(rank, rank_);
+    const auto peerRkeys = splitFields(fields[3], ',');
+    if (peerRkeys.size() != static_cast<size_t>(size_ - 1)) {
+      throw Error(ErrorKind::Protocol, fmt::format("rank {} published {} rkeys for a group of {}",
+                                                   rank, peerRkeys.size(), size_));
+    }
+    const auto rkey = static_cast<uint32_t>(storeNumber(peerRkeys[mine], UINT32_MAX, key));
+    // The peer's board: our entries there, if it has one.
+    const size_t peerBoard = storeNumber(fields[4], 1u << 20, key);
+    groupBoard = std::min(groupBoard, peerBoard);
+    if (peerBoard > 0) {
+      const uint64_t boardBase = storeNumber(fields[5], UINT64_MAX, key);
+      const size_t stride = storeNumber(fields[6], 1u << 24, key);
+      const auto boardKeys = splitFields(fields[7], ',');
+      if (stride < 8 * board_words::entryWords(peerBoard) ||
+          boardKeys.size() != static_cast<size_t>(size_ - 1)) {
+        throw Error(ErrorKind::Protocol,
+                    fmt::format("rank {} published a malformed one-shot board '{}'", rank, text));
+      }
+      peer(rank).boardRemote =
+          boardBase + static_cast<uint64_t>(rank_) * kBoardEntries * static_cast<uint64_t>(stride);
+      peer(rank).boardRkey = static_cast<uint32_t>(storeNumber(boardKeys[mine], UINT32_MAX, key));
+    }
+    if (slots != slotsPerPeer_ || slotBytes != slotBytes_) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::InvalidArgument,
+          .message = fmt::format("rank {} uses {} slots of {} bytes, this rank {} of {}", rank,
+                                 slots, slotBytes, slotsPerPeer_, slotBytes_),
+          .peerRank = rank,
+          .hint = "set RDMACC_SLOTS_PER_PEER and RDMACC_SLOT_BYTES the same on every rank"});
+    }
+    // Peers reached through shared memory have no queue pairs (no lanes).
+    if (!mesh_.connects(rank)) continue;
+    PeerState& p = peer(rank);
+    p.lanes.resize(static_cast<size_t>(mesh_.qpsPerPeer()));
+    for (size_t i = 0; i < p.lanes.size(); ++i) {
+      p.lanes[i].qp = mesh_.qp(rank, static_cast<int>(i));
+      p.lanes[i].maxInline = verbs::maxInlineData(p.lanes[i].qp);
+    }
+    p.remoteBase = base + mine * static_cast<uint64_t>(slots) * slotBytes;
+    p.rkey = rkey;
+    p.window = SlotWindow(slots);
+    for (int i = 0; i < slots; ++i) p.freeStaging.push_back(slots - 1 - i);
+    p.slotWrites.resize(static_cast<size_t>(slots));
+    for (Lane& lane : p.lanes) lane.posted.reserve(mesh_.qpParams().sendDepth);
+  }
+  setUpBoard(groupBoard);
+}
+
+}  // namespace rdma
+}  // namespace rdmacc

@@ -1,0 +1,238 @@
+// The RDMA transport's state, shared by its data path (transport/rdma/transport.cpp)
+// and its setup (transport/rdma/setup.cpp). Private to those two files.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/core/buffer.hpp"
+#include "src/core/ring.hpp"
+#include "src/transport/options.hpp"
+#include "src/transport/rdma/mesh.hpp"
+#include "src/transport/slot_window.hpp"
+#include "src/transport/transport.hpp"
+#include "src/transport/wire.hpp"
+#include "verbs/qp.hpp"
+
+namespace rdmacc {
+
+struct Registration;
+class RegistrationCache;
+
+namespace rdma {
+
+// What a staging slot's write reads besides the slot (its zero-copy payload).
+struct SlotWrite {
+  std::shared_ptr<const Registration> registration;  // keeps the region registered
+  std::shared_ptr<ZeroCopyWrites> owner;
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
+// One queue pair to a peer. Writes posted and not yet known complete, in
+// posting order: most go unsignaled, and a signaled completion means every
+// write posted before it on the queue pair is complete too (RC order), so it
+// releases them all.
+struct Lane {
+  ibv_qp* qp = nullptr;
+  uint32_t maxInline = 0;  // what the device granted: messages this small go inline
+  struct Posted {
+    int staging = -1;  // -1: no staging slot (credits, fences)
+    bool signaled = false;
+  };
+  Ring<Posted> posted;
+  int unsignaledRun = 0;         // unsignaled writes at the back of `posted`
+  uint64_t completions = 0;      // signaled completions so far
+  uint64_t completionsSeen = 0;  // ... at the previous keep-alive probe
+  // Stall watch (checkStalls): completions when last looked at, and since
+  // when writes have been outstanding without one completing.
+  uint64_t completionsAtMark = 0;
+  std::chrono::steady_clock::time_point mark{};
+  bool stallReported = false;
+  int sendQueueUsed() const { return static_cast<int>(posted.size()); }
+};
+
+struct PeerState {
+  // RDMACC_QPS_PER_PEER lanes: collective chunks go round-robin over all of
+  // them (receivers match chunks by index, so they may overtake each other);
+  // point-to-point messages, credits and aborts keep to lane 0 and its order.
+  std::vector<Lane> lanes;
+  size_t nextLane = 0;
+  uint64_t remoteBase = 0;  // where this rank's slots start in the peer's region
+  uint32_t rkey = 0;
+  SlotWindow window;                  // credits, held slots, arrival checks
+  std::vector<int> freeStaging;       // our staging slots for this peer
+  std::vector<SlotWrite> slotWrites;  // by staging slot: zero-copy payloads in flight
+  // This rank's entries in the peer's one-shot board (transport/rdma/board.cpp).
+  uint64_t boardRemote = 0;
+  uint32_t boardRkey = 0;
+};
+
+// Entries per source in a one-shot board: two, used alternately. A rank
+// posts board operation b+2 only after it read every peer's b+1, which each
+// peer posted only after it had read b: the entry b+2 overwrites is free, no
+// consumed marks travel.
+inline constexpr size_t kBoardEntries = 2;
+
+class RdmaTransport final : public Transport, public Board {
+ public:
+  RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& options);
+
+  size_t chunkBytes() const noexcept override { return chunk_; }
+  int slotsPerPeer() const noexcept override { return slotsPerPeer_; }
+  const std::string& peerAddress(int peer) const override { return mesh_.peerAddress(peer); }
+  bool trySend(int peer, const wire::Header& header, const uint8_t* data,
+               const std::shared_ptr<ZeroCopyWrites>& owner,
+               std::optional<DirectTarget> direct) override;
+  void reserveCredits(size_t slots) override { creditReserve_ = slots; }
+  std::string describePeer(int peer) const override;
+  const uint8_t* payload(int peer, int slot) const override {
+    return recvRegion_.data() + slotOffset(peer, slot) + wire::kHeaderBytes;
+  }
+  void release(int peer, int slot) override;
+  bool poll(TransportSink& sink) override;
+  bool flushCredits() override;
+  std::vector<int> takeDisconnected() override { return mesh_.takeDisconnectedPeers(); }
+  Departure departure(int) const override {
+    return {"rdma_get_cm_event", "RDMA_CM_EVENT_DISCONNECTED"};
+  }
+  DirectWrites directWrites(int) const override { return DirectWrites::Registered; }
+  // One: a post may carry its whole transfer before it returns (soft-RoCE
+  // runs requester and responder inside ibv_post_send, ~2.5 ms per 256 KiB
+  // slot in the VM), and a rank that posted a window's worth in one round
+  // consumed nothing and returned no credits meanwhile, so both sides of a
+  // two-way transfer took turns waiting for credits. On a NIC the round
+  // between two posts costs ~1 us next to a slot's ~20 us on the wire.
+  size_t sendBurst(int) const override { return 1; }
+  void arm() override { mesh_.cq().arm(); }
+  void disarm() override {}
+  EventFds eventFds() const override {
+    EventFds fds;
+    fds.fill(-1);
+    fds[0] = mesh_.cq().fd();
+    fds[1] = mesh_.eventFd();
+    fds[2] = mesh_.context()->async_fd;
+    return fds;
+  }
+  void consumeEvents() override {
+    mesh_.cq().drainEvents();
+    takeAsyncEvents();
+  }
+  void drain(const std::vector<bool>& dead) override;
+  void probe(int peer) override;
+  Board* board() noexcept override { return boardMax_ > 0 ? this : nullptr; }
+  std::optional<std::chrono::microseconds> pollingSleep() override;
+
+  // Board (transport/rdma/board.cpp): one inline RDMA WRITE per peer and operation
+  // into the peer's board region, read there by polling memory
+  // (transport/rdma/board_words.hpp); posted through lane 0's queue like any write, so
+  // only with the progress lock (exclusive()).
+  size_t maxBytes() const noexcept override { return boardMax_; }
+  bool writable(uint64_t sequence) override;
+  void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override;
+  const uint8_t* mine(uint64_t) const override { return boardMine_.data(); }
+  const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override;
+  void consumed(uint64_t sequence) override;
+  void engineWaits(bool waits) override;
+  bool quiet() const override { return !pollSaturated_; }
+  bool exclusive() const noexcept override { return true; }
+
+ private:
+  // Both regions hold slotsPerPeer slots for every other rank, in rank order
+  // without this one: peerIndex(owner, peer) is where peer's slots sit in
+  // owner's region.
+  static size_t peerIndex(int owner, int peer) {
+    return static_cast<size_t>(peer < owner ? peer : peer - 1);
+  }
+  size_t slotOffset(int peer, int slot) const {
+    return (peerIndex(rank_, peer) * static_cast<size_t>(slotsPerPeer_) +
+            static_cast<size_t>(slot)) *
+           slotBytes_;
+  }
+  uint8_t* stagingSlot(int peer, int slot) {
+    return stagingRegion_.data() + slotOffset(peer, slot);
+  }
+  PeerState& peer(int rank) { return peers_[static_cast<size_t>(rank)]; }
+  const PeerState& peer(int rank) const { return peers_[static_cast<size_t>(rank)]; }
+
+  void connect(Store& store, const std::string& group, size_t boardBytes);
+  int signalRun() const { return std::max(1, slotsPerPeer_ / 4); }
+  bool mustSignal(const PeerState& p, const Lane& lane, bool usesStaging) const;
+  static void posted(Lane& lane, int staging, bool signaled) {
+    lane.posted.push_back({staging, signaled});
+    lane.unsignaledRun = signaled ? 0 : lane.unsignaledRun + 1;
+  }
+  // Whether `entries` more work requests would leave less than one for a fence.
+  bool sendQueueFull(const Lane& lane, int entries = 1) const {
+    return lane.sendQueueUsed() + entries + 1 > static_cast<int>(mesh_.qpParams().sendDepth);
+  }
+  bool flushCredits(int peer);
+  static void writesCompleted(PeerState& p, Lane& lane);
+  void onReceive(TransportSink& sink, int peer, size_t lane, const wire::Completion& completion,
+                 uint64_t wrId);
+  // The device's asynchronous events (transport/rdma/async.cpp): a queue pair, the CQ
+  // or the device in error fails the peers it serves (delivered by poll());
+  // port down/up is logged (transfers retry meanwhile). Read after a sleep
+  // and every kAsyncPollEvery polls, so spinning costs no system call.
+  void takeAsyncEvents();
+  // A lane whose writes completed none for twice the retry budget, without
+  // an error, was stalled by the device: fails the peer (with the async
+  // failures), instead of leaving it to the operation's timeout.
+  void checkStalls();
+  std::chrono::steady_clock::time_point lastStallCheck_{};
+  // Fixed by the queue pairs' parameters (set in the constructor): ACK
+  // timeout x (retry count + 1), and the stall limit, twice that, at least 5 s.
+  double retryBudget_ = 0;
+  std::chrono::duration<double> stallLimit_{};
+  void deliverAsyncFailures(TransportSink& sink);
+  static constexpr uint32_t kAsyncPollEvery = 4096;
+  uint32_t pollsSinceAsync_ = 0;
+  std::vector<std::pair<int, Error>> asyncFailures_;
+
+  Mesh& mesh_;
+  const RegistrationCache* registrations_;
+  size_t zeroCopyMinBytes_;
+  int rank_;
+  int size_;
+  int slotsPerPeer_;
+  size_t slotBytes_;
+  size_t chunk_;
+  PageBuffer recvRegion_;     // [peer][slot] of slotBytes: what peers write into
+  PageBuffer stagingRegion_;  // [peer][slot]: what we write from
+  // One registration of the receive region per peer, over that peer's slots
+  // only: its rkey lets it write those and nothing else of this process.
+  std::vector<verbs::MrPtr> recvMrs_;  // by peerIndex; after the mesh's PD
+  verbs::MrPtr stagingMr_;
+  std::vector<PeerState> peers_;
+  size_t creditReserve_ = 0;
+  uint64_t arrivals_ = 0;
+  bool pollSaturated_ = false;  // the last poll() took as many completions as it could
+
+  // The one-shot board: kBoardEntries entries of boardStride_ bytes per
+  // source rank, [source][entry], each source's registered on its own (its
+  // rkey lets that peer write its own entries and nothing else).
+  void setUpBoard(size_t maxBytes);
+  size_t boardMax_ = 0;  // the group's: 0, no board
+  size_t boardStride_ = 0;
+  PageBuffer boardRegion_;
+  std::vector<verbs::MrPtr> boardMrs_;  // by peerIndex
+  uint64_t boardPosted_ = 0;            // board operations posted so far
+  uint64_t boardSequence_ = 0;          // the collective of the open one
+  size_t boardBytes_ = 0;
+  bool boardOpen_ = false;  // posted, not yet consumed
+  std::vector<uint64_t> boardWords_;
+  std::vector<uint8_t> boardMine_;
+  std::vector<uint8_t> boardIn_;    // [rank][boardMax_]: peers' decoded payloads
+  std::vector<uint8_t> boardHave_;  // by rank: decoded for the open operation
+  bool boardWaits_ = false;
+  std::chrono::microseconds boardSleep_{0};
+};
+
+}  // namespace rdma
+}  // namespace rdmacc

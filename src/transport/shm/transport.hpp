@@ -1,0 +1,31 @@
+// The shared-memory transport, for peers on the same host (host_identity):
+// every rank owns one segment (POSIX shared memory, mode 0600, unlinked once
+// its peers mapped it) holding, for each local peer, a single-producer ring of
+// arrival records and that peer's staging slots. A message is one copy: the
+// sender writes the header and payload into the receiver's slot and appends a
+// record (the "immediate" of the RDMA transport: the slot, or a credit) to the
+// receiver's ring. The slot and credit protocol and its validation are the
+// RDMA transport's (SlotWindow, wire::): a peer's bytes are checked the same
+// way whatever carried them. A sleeping receiver is woken through a datagram
+// socket when a sender sees its sleeping flag; a peer whose process exited
+// (pidfd) or whose transport went away (its segment's flag) is reported as
+// disconnected.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "rdmacc/store.hpp"
+#include "src/transport/options.hpp"
+#include "src/transport/transport.hpp"
+
+namespace rdmacc {
+
+// `peers`: by rank, the ranks this transport carries (same host; this
+// rank's entry is ignored). options.slotBytes must be resolved (not 0).
+// Throws Error when a segment cannot be created or mapped (e.g. /dev/shm too
+// small, naming the bytes it needed).
+std::unique_ptr<Transport> makeShmTransport(Store& store, const TransportOptions& options,
+                                            const std::vector<bool>& peers);
+
+}  // namespace rdmacc

@@ -1,0 +1,260 @@
+// The shared-memory transport's inside, shared by its setup
+// (transport/shm/setup.cpp: segments, mapping the peers', the single-copy check) and
+// its data path (transport/shm/transport.cpp: sending, polling, credits, departures).
+// Private to those two files; the interface is transport/shm/transport.hpp.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rdmacc/store.hpp"
+#include "src/core/buffer.hpp"
+#include "src/store/socket.hpp"
+#include "src/transport/options.hpp"
+#include "src/transport/slot_window.hpp"
+#include "src/transport/transport.hpp"
+#include "src/transport/wire.hpp"
+
+namespace rdmacc::shm {
+
+using wire::Header;
+using wire::kHeaderBytes;
+
+constexpr uint64_t kMagic = 0x524443434d485331;  // "RDCCMHS1"
+constexpr uint32_t kVersion = 5;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
+              "shared-memory rings need address-free atomics");
+
+// At the start of every segment: what the owner built, checked by each peer
+// that maps it, and the owner's flags.
+struct SegmentHead {
+  uint64_t magic = kMagic;
+  uint32_t version = kVersion;
+  uint32_t lanes = 0;  // one per local peer, in rank order
+  uint32_t slots = 0;
+  uint32_t ringEntries = 0;
+  uint64_t slotBytes = 0;
+  // Where the owner mapped this segment, and a random word of it: a peer
+  // that reads the word at that address through the kernel (cma::read) and
+  // finds what its own mapping shows knows single-copy writes reach the
+  // owner.
+  uint64_t base = 0;
+  uint64_t nonce = 0;
+  // The one-shot board after the lanes (0 entries: none).
+  uint32_t boardEntries = 0;
+  uint32_t boardEntryBytes = 0;
+  // 1: after raising `sleeping` the owner issues membarrier(GLOBAL_EXPEDITED)
+  // before it looks for work (ShmTransport::arm), so a peer that registered
+  // for it may publish and then read `sleeping` without a fence of its own.
+  uint32_t sleepBarrier = 0;
+  alignas(64) std::atomic<uint32_t> sleeping{0};  // the owner sleeps: ring its doorbell
+  // The owner's engine runs a one-shot collective (Board::engineWaits): only
+  // then do board posts and reads ring a sleeping owner's doorbell.
+  std::atomic<uint32_t> boardWaiting{0};
+  alignas(64) std::atomic<uint32_t> departed{0};  // the owner's transport is gone
+  // The last collective whose board entries the owner read (Board::consumed).
+  alignas(64) std::atomic<uint64_t> boardConsumed{0};
+};
+
+// One entry of an owner's board (64-byte aligned): the payload follows at
+// kBoardEntryHead, in the same cache line as the sequence up to 40 bytes, so
+// a reader of a small contribution takes one cache-line transfer, not two.
+// The owner writes check, bytes and the payload, then the sequence (release).
+struct BoardEntry {
+  std::atomic<uint64_t> sequence{0};
+  uint64_t check = 0;
+  uint64_t bytes = 0;
+};
+constexpr size_t kBoardEntryHead = sizeof(BoardEntry);
+// Entries per rank: a rank may post this many one-shot collectives ahead of
+// the slowest peer's reading.
+constexpr uint32_t kBoardEntries = 8;
+
+// One sender's lane in the receiver's segment: the ring of arrival records
+// (the sender advances tail, the receiver head), then the sender's slots.
+struct RingHead {
+  alignas(64) std::atomic<uint64_t> tail{0};
+  alignas(64) std::atomic<uint64_t> head{0};
+};
+
+// What a WRITE_WITH_IMM's completion tells the receiver on the RDMA
+// transport: the immediate (a slot, or a credit) and the bytes written.
+struct Record {
+  uint32_t imm = 0;
+  uint32_t bytes = 0;
+};
+
+struct Geometry {
+  uint32_t lanes = 0;
+  uint32_t slots = 0;
+  uint32_t ringEntries = 0;
+  size_t slotBytes = 0;
+  uint32_t boardEntries = 0;
+  uint32_t boardEntryBytes = 0;
+  size_t headBytes() const { return roundUp(sizeof(SegmentHead), 64); }
+  size_t recordsBytes() const { return roundUp(ringEntries * sizeof(Record), 64); }
+  size_t laneBytes() const { return sizeof(RingHead) + recordsBytes() + slots * slotBytes; }
+  size_t boardOffset() const { return headBytes() + lanes * laneBytes(); }
+  size_t totalBytes() const { return boardOffset() + size_t{boardEntries} * boardEntryBytes; }
+  size_t laneOffset(size_t lane) const { return headBytes() + lane * laneBytes(); }
+};
+
+using Mapping = std::unique_ptr<uint8_t, PageUnmap>;
+
+struct Peer {
+  bool carried = false;
+  int pid = -1;
+  net::Fd pidfd;
+  std::string address;  // "pid N on this host", for errors
+  Mapping mapping;      // the peer's segment
+  SegmentHead* head = nullptr;
+  // This rank's lane in the peer's segment (we produce), and the peer's lane
+  // in ours (we consume).
+  RingHead* out = nullptr;
+  Record* outRecords = nullptr;
+  uint8_t* outSlots = nullptr;
+  uint64_t outTail = 0;
+  uint64_t outHead = 0;  // the peer's head as last read (it only grows)
+  RingHead* in = nullptr;
+  Record* inRecords = nullptr;
+  uint8_t* inSlots = nullptr;
+  uint64_t inHead = 0;
+  sockaddr_un doorbell{};
+  socklen_t doorbellLength = 0;
+  bool reported = false;  // its departure was reported
+  Departure how;          // and how it showed
+  SlotWindow window;
+  bool singleCopy = false;     // direct writes into its memory (cma) work
+  uint64_t boardConsumed = 0;  // its head's boardConsumed as last read
+  uint8_t* board = nullptr;    // its board in its segment
+};
+
+class ShmTransport final : public Transport, public Board {
+ public:
+  ShmTransport(Store& store, const TransportOptions& options, const std::vector<bool>& carried);
+  ~ShmTransport() override;
+
+  size_t chunkBytes() const noexcept override { return geometry_.slotBytes - kHeaderBytes; }
+  int slotsPerPeer() const noexcept override { return static_cast<int>(geometry_.slots); }
+  const std::string& peerAddress(int peer) const override { return peers_[idx(peer)].address; }
+  DirectWrites directWrites(int peer) const override {
+    return peers_[idx(peer)].singleCopy ? DirectWrites::AnyMemory : DirectWrites::None;
+  }
+  bool trySend(int peer, const Header& header, const uint8_t* data,
+               const std::shared_ptr<ZeroCopyWrites>& zeroCopy,
+               std::optional<DirectTarget> direct) override;
+  void reserveCredits(size_t slots) override { creditReserve_ = slots; }
+  std::string describePeer(int peer) const override;
+  const uint8_t* payload(int peer, int slot) const override {
+    return peers_[idx(peer)].inSlots + static_cast<size_t>(slot) * geometry_.slotBytes +
+           kHeaderBytes;
+  }
+  void release(int peer, int slot) override;
+  bool poll(TransportSink& sink) override;
+  bool flushCredits() override;
+  std::vector<int> takeDisconnected() override;
+  Departure departure(int peer) const override { return peers_[idx(peer)].how; }
+  void arm() override;
+  void disarm() override { consumeEvents(); }
+  EventFds eventFds() const override {
+    EventFds fds;
+    fds.fill(-1);
+    fds[0] = doorbell_.get();
+    return fds;
+  }
+  void consumeEvents() override;
+  void drain(const std::vector<bool>&) override {}  // every send completed when it returned
+  Board* board() noexcept override { return geometry_.boardEntries > 0 ? this : nullptr; }
+
+  // Board (transport/shm/board.cpp).
+  size_t maxBytes() const noexcept override { return oneShotBytes_; }
+  bool writable(uint64_t sequence) override;
+  void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override;
+  const uint8_t* mine(uint64_t sequence) const override {
+    return boardEntry(board_, sequence) + kBoardEntryHead;
+  }
+  const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override;
+  void consumed(uint64_t sequence) override;
+  bool quiet() const override;
+  void engineWaits(bool waits) override {
+    head_->boardWaiting.store(waits ? 1 : 0, std::memory_order_relaxed);
+  }
+
+ private:
+  static size_t idx(int rank) { return static_cast<size_t>(rank); }
+  // Every rank's board has kBoardEntries (attach() checked): a mask, not a
+  // division, on the one-shot path.
+  uint8_t* boardEntry(uint8_t* board, uint64_t sequence) const {
+    return board + (sequence % kBoardEntries) * geometry_.boardEntryBytes;
+  }
+  // Rings the doorbell of every peer that sleeps while its engine waits on
+  // the board (after publishFence(): a Dekker pair with arm()).
+  void wakeSleepingPeers() const;
+  // Between publishing something (a ring tail, a board entry, a consumed
+  // mark) and reading whether a peer sleeps: a full fence, or only the
+  // compiler's when every peer pays for the pair in arm() (membarrier, the
+  // asymmetric Dekker pattern): the fence stalls every small message's
+  // sender for a cache-line transfer, the membarrier costs only a rank that
+  // goes to sleep.
+  void publishFence() const {
+    if (lightPublish_) {
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    } else {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+    }
+  }
+  void create();
+  void attach(Store& store, const std::string& group);
+  // Free ring entries in peer's lane; throws when the peer corrupted its head.
+  uint64_t ringSpace(int to, Peer& p) const;
+  void publish(Peer& p, Record r);
+  // Wakes the peer. An extra wake-up costs a poll; one refused because the
+  // socket's buffer is full is not needed (unread ones are there).
+  void ringDoorbell(const Peer& p) const {
+    ::sendto(bell_.get(), "", 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+             reinterpret_cast<const sockaddr*>(&p.doorbell), p.doorbellLength);
+  }
+  bool flushCredits(int to);
+  bool probeSingleCopy(int rank, const Peer& p) const;
+  static bool processExited(const Peer& p);
+  bool writeDirect(int to, Peer& p, const uint8_t* data, const DirectTarget& target, size_t bytes);
+
+  int rank_;
+  int size_;
+  Geometry geometry_;
+  std::string name_;  // our segment's, "/rdmacc-<pid>-<random>"
+  bool unlinked_ = true;
+  Mapping mine_;
+  SegmentHead* head_ = nullptr;
+  uint8_t* board_ = nullptr;  // ours, in our segment
+  // The collective this rank last posted to each of its entries (what a
+  // peer must have consumed before the entry is written again): kept here,
+  // not read back from the shared entry.
+  std::array<uint64_t, kBoardEntries> posted_{};
+  net::Fd doorbell_;  // bound: peers wake us through it
+  net::Fd bell_;      // unbound: we wake peers through it
+  std::vector<Peer> peers_;
+  size_t creditReserve_ = 0;
+  uint64_t arrivals_ = 0;
+  bool singleCopy_;          // RDMACC_SHM_SINGLE_COPY
+  size_t oneShotBytes_ = 0;  // RDMACC_SHM_ONE_SHOT_BYTES when there is a board
+  bool membarrier_;          // RDMACC_SHM_MEMBARRIER
+  // This process registered for membarrier(GLOBAL_EXPEDITED): arm() issues
+  // one (SegmentHead::sleepBarrier).
+  bool sleepBarrier_ = false;
+  // And so does every local peer: publishFence() is the compiler's only.
+  bool lightPublish_ = false;
+};
+
+}  // namespace rdmacc::shm

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Fails when a file under src/ or verbs/ includes a folder its row of
+src/README.md's table does not name (the layering rule, one direction)."""
+import pathlib
+import re
+import sys
+
+repo = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
+rows = {}
+for line in (repo / "src/README.md").read_text().splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) != 3 or cells[0] in ("folder", "") or set(cells[0]) <= set("-"):
+        continue
+    name = cells[0].split()[0]
+    rows[name] = {c.strip() for c in cells[2].split(",") if c.strip()}
+if "core" not in rows or "verbs" not in rows:
+    sys.exit("check_layers: src/README.md has no layer table (rows core .. verbs)")
+
+
+def folder(path: str):
+    """The table's folder of a repository path, or None outside src/ and verbs/."""
+    if path.startswith("verbs/"):
+        return "verbs"
+    if not path.startswith("src/"):
+        return None
+    parts = path[len("src/"):].split("/")
+    for depth in (2, 1):
+        name = "/".join(parts[:depth])
+        if len(parts) > depth and name in rows:
+            return name
+    return "(top level)"
+
+
+bad = []
+for source in sorted(list((repo / "src").rglob("*.[ch]pp")) + list((repo / "verbs").rglob("*.[ch]pp"))):
+    rel = source.relative_to(repo).as_posix()
+    mine = folder(rel)
+    if mine not in rows:
+        bad.append(f"{rel}: in no folder of src/README.md's table")
+        continue
+    for n, line in enumerate(source.read_text().splitlines(), 1):
+        m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+        if not m:
+            continue
+        target = folder(m.group(1))
+        if target is None:
+            if not m.group(1).startswith("rdmacc/"):
+                bad.append(f"{rel}:{n}: includes {m.group(1)} (outside src/, verbs/ and include/)")
+            continue
+        if target != mine and target not in rows[mine]:
+            bad.append(f"{rel}:{n}: {mine} includes {m.group(1)} ({target}), which its row does not allow")
+for b in bad:
+    print(b)
+if bad:
+    print(f"check_layers: {len(bad)} include(s) break src/README.md's table: move the code down, or "
+          "change the table with the reason")
+    sys.exit(1)
+print(f"check_layers: {len(rows)} folders, every include allowed")

@@ -1,0 +1,223 @@
+// The engine over FakeNetwork (fake_transport.hpp): several ranks' engines in
+// one process, no device and no shared memory. What the multi-process suites
+// show only as a whole (ordering, credits, deadlines, failure fan-out, later
+// collectives overlapping the oldest) is asserted here directly.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "rdmacc/error.hpp"
+#include "src/engine/engine.hpp"
+#include "src/schedule/algorithms/algorithms.hpp"
+#include "src/schedule/schedule.hpp"
+#include "tests/unit/engine/fake_transport.hpp"
+
+namespace rdmacc {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::FakeNetwork;
+
+struct Group {
+  std::shared_ptr<FakeNetwork> net;
+  std::vector<std::unique_ptr<Engine>> engines;
+  Group(int size, int slots, size_t slotBytes, size_t inFlight = 8) {
+    net = std::make_shared<FakeNetwork>(size, slots, slotBytes);
+    for (int r = 0; r < size; ++r) {
+      engines.push_back(std::make_unique<Engine>(
+          net->transport(r),
+          EngineOptions{
+              .group = "fake", .rank = r, .size = size, .collectivesInFlight = inFlight}));
+    }
+  }
+  Engine& operator[](int r) { return *engines[static_cast<size_t>(r)]; }
+};
+
+std::unique_ptr<Operation> pointToPoint(bool send, int peer, uint32_t tag,
+                                        std::vector<uint8_t>& buffer,
+                                        std::chrono::milliseconds timeout = 20s) {
+  auto op = std::make_unique<Operation>();
+  op->type = send ? OpType::Send : OpType::Recv;
+  op->pointToPoint = true;
+  op->isSend = send;
+  op->peer = peer;
+  op->tag = tag;
+  op->buffer = buffer.data();
+  op->bytes = buffer.size();
+  op->timeout = timeout;
+  return op;
+}
+
+// A ring allreduce (sum) of `data` in place, as VerbsBackend builds one.
+std::unique_ptr<Operation> ringAllreduce(int rank, int size, std::vector<int32_t>& data,
+                                         std::chrono::milliseconds timeout = 20s) {
+  auto op = std::make_unique<Operation>();
+  op->type = OpType::Allreduce;
+  op->timeout = timeout;
+  op->schedule = std::make_shared<Plan>(
+      algorithms::ringAllreduce(rank, size, evenBlocks(data.size(), size, sizeof(int32_t)), false),
+      Algorithm::Ring);
+  op->sendBase = op->recvBase = reinterpret_cast<uint8_t*>(data.data());
+  op->dtype = DataType::Int32;
+  op->reduceOp = ReduceOp::Sum;
+  op->checkValue = data.size();
+  return op;
+}
+
+std::unique_ptr<Operation> barrier(int rank, int size, std::chrono::milliseconds timeout = 20s) {
+  auto op = std::make_unique<Operation>();
+  op->type = OpType::Barrier;
+  op->timeout = timeout;
+  op->schedule =
+      std::make_shared<Plan>(algorithms::disseminationBarrier(rank, size), Algorithm::Auto);
+  return op;
+}
+
+// The error a failed work holds (fails the test when it succeeded).
+Error failureOf(Work& work) {
+  try {
+    work.wait();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "the work succeeded";
+  return Error(ErrorKind::Internal, "no failure");
+}
+
+TEST(Engine, PointToPointMessagesArriveInOrderThroughTwoSlots) {
+  // 1,000-byte messages are six 192-byte chunks each: every message needs
+  // credits back from the receiver several times over.
+  Group g(2, /*slots=*/2, /*slotBytes=*/256);
+  constexpr int kMessages = 6;
+  std::vector<std::vector<uint8_t>> sent(kMessages), received(kMessages);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int m = 0; m < kMessages; ++m) {
+    sent[m].resize(1000);
+    for (size_t i = 0; i < sent[m].size(); ++i) sent[m][i] = static_cast<uint8_t>(m * 31 + i);
+    received[m].assign(1000, 0);
+    works.push_back(g[0].submit(pointToPoint(true, 1, 7, sent[m])));
+  }
+  for (int m = 0; m < kMessages; ++m)
+    works.push_back(g[1].submit(pointToPoint(false, 0, 7, received[m])));
+  for (auto& w : works) EXPECT_TRUE(w->wait());
+  for (int m = 0; m < kMessages; ++m) EXPECT_EQ(received[m], sent[m]) << "message " << m;
+  EXPECT_LE(g.net->maxOccupied(0, 1), 2);
+  EXPECT_GE(g.net->messages(0, 1), kMessages * 6);
+}
+
+TEST(Engine, ASenderWithoutCreditsCompletesOnceTheReceiverPosts) {
+  Group g(2, /*slots=*/2, /*slotBytes=*/256);
+  std::vector<uint8_t> out(4000), in(4000, 0);
+  std::iota(out.begin(), out.end(), uint8_t{1});
+  auto send = g[0].submit(pointToPoint(true, 1, 1, out));
+  std::this_thread::sleep_for(100ms);  // the receiver has posted nothing yet
+  EXPECT_LE(g.net->maxOccupied(0, 1), 2);
+  auto recv = g[1].submit(pointToPoint(false, 0, 1, in));
+  EXPECT_TRUE(recv->wait());
+  EXPECT_TRUE(send->wait());
+  EXPECT_EQ(in, out);
+}
+
+TEST(Engine, CollectivesOverlapAndCompleteInSubmissionOrder) {
+  constexpr int kSize = 3, kOps = 6;
+  Group g(kSize, /*slots=*/4, /*slotBytes=*/256, /*inFlight=*/4);
+  std::vector<std::vector<std::vector<int32_t>>> data(kSize);
+  std::mutex orderMutex;
+  std::vector<std::vector<uint64_t>> order(kSize);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int r = 0; r < kSize; ++r) {
+    data[r].resize(kOps);
+    for (int k = 0; k < kOps; ++k) {
+      data[r][k].resize(1000 + 37 * static_cast<size_t>(k));  // several chunks per block
+      for (size_t i = 0; i < data[r][k].size(); ++i) {
+        data[r][k][i] = static_cast<int32_t>(r * 1000 + k * 10 + static_cast<int>(i % 7));
+      }
+    }
+  }
+  // Every rank submits everything before anything is waited for: later
+  // operations may run ahead of the oldest (independent buffers).
+  for (int r = 0; r < kSize; ++r) {
+    for (int k = 0; k < kOps; ++k) {
+      auto w = g[r].submit(ringAllreduce(r, kSize, data[r][k]));
+      w->then([&, r](Work& done) {
+        std::lock_guard lock(orderMutex);
+        order[r].push_back(done.sequenceNumber());
+      });
+      works.push_back(w);
+    }
+  }
+  for (auto& w : works) EXPECT_TRUE(w->wait());
+  for (int r = 0; r < kSize; ++r) {
+    for (int k = 0; k < kOps; ++k) {
+      for (size_t i = 0; i < data[r][k].size(); ++i) {
+        const int32_t want = (0 + 1000 + 2000) + kSize * (k * 10 + static_cast<int>(i % 7));
+        ASSERT_EQ(data[r][k][i], want) << "rank " << r << " op " << k << " element " << i;
+      }
+    }
+    std::lock_guard lock(orderMutex);
+    std::vector<uint64_t> want(kOps);
+    std::iota(want.begin(), want.end(), 1);
+    EXPECT_EQ(order[r], want) << "rank " << r;
+  }
+}
+
+TEST(Engine, AReceiveNobodySendsTimesOutNamingThePeer) {
+  Group g(2, 2, 256);
+  std::vector<uint8_t> in(64);
+  const auto start = std::chrono::steady_clock::now();
+  auto recv = g[1].submit(pointToPoint(false, 0, 9, in, 300ms));
+  const Error e = failureOf(*recv);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(e.kind(), ErrorKind::Timeout) << e.what();
+  EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+  EXPECT_LT(took, 10s);
+}
+
+TEST(Engine, ADeadPeerFailsEveryWaitingRankAndLaterOperations) {
+  constexpr int kSize = 3;
+  Group g(kSize, 2, 256);
+  // Ranks 0 and 1 enter a barrier; rank 2 dies instead.
+  auto w0 = g[0].submit(barrier(0, kSize, 60s));
+  auto w1 = g[1].submit(barrier(1, kSize, 60s));
+  const auto start = std::chrono::steady_clock::now();
+  g.net->kill(2);
+  for (auto* w : {&w0, &w1}) {
+    const Error e = failureOf(**w);
+    EXPECT_EQ(e.kind(), ErrorKind::PeerFailure) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+  }
+  // Long before the operations' own 60 s timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  // The group is broken: what comes later fails at once, with the cause.
+  auto later = g[0].submit(barrier(0, kSize));
+  const Error e = failureOf(*later);
+  EXPECT_NE(std::string(e.what()).find("broken"), std::string::npos) << e.what();
+}
+
+TEST(Engine, AnAbortOnOneRankFailsThePeersPendingWork) {
+  Group g(2, 2, 256);
+  auto waiting = g[1].submit(barrier(1, 2, 60s));
+  g[0].abort("the test aborts rank 0");
+  const Error e = failureOf(*waiting);
+  EXPECT_NE(std::string(e.what()).find("the test aborts rank 0"), std::string::npos) << e.what();
+}
+
+TEST(Engine, AFailedTransferFailsTheOperationNamingThePeer) {
+  Group g(2, 2, 256);
+  std::vector<uint8_t> in(64);
+  auto recv = g[0].submit(pointToPoint(false, 1, 4, in, 60s));
+  g.net->failTransfer(0, 1, "IBV_WC_RETRY_EXC_ERR on the fake link");
+  const Error e = failureOf(*recv);
+  EXPECT_NE(std::string(e.what()).find("IBV_WC_RETRY_EXC_ERR on the fake link"), std::string::npos)
+      << e.what();
+}
+
+}  // namespace
+}  // namespace rdmacc

@@ -1,0 +1,189 @@
+#include "tests/unit/engine/fake_transport.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace rdmacc::testing {
+
+class FakeNetwork::Fake final : public Transport {
+ public:
+  Fake(std::shared_ptr<FakeNetwork> net, int rank) : net_(std::move(net)), rank_(rank) {
+    address_.resize(static_cast<size_t>(net_->size_));
+    for (int p = 0; p < net_->size_; ++p)
+      address_[static_cast<size_t>(p)] = fmt::format("fake:{}", p);
+  }
+  size_t chunkBytes() const noexcept override { return net_->slotBytes_ - wire::kHeaderBytes; }
+  int slotsPerPeer() const noexcept override { return net_->slotsPerPeer_; }
+  const std::string& peerAddress(int peer) const override {
+    return address_.at(static_cast<size_t>(peer));
+  }
+  DirectWrites directWrites(int) const override { return DirectWrites::None; }
+  bool trySend(int peer, const wire::Header& header, const uint8_t* data,
+               const std::shared_ptr<ZeroCopyWrites>&, std::optional<DirectTarget>) override {
+    return net_->trySend(rank_, peer, header, data);
+  }
+  void reserveCredits(size_t slots) override {
+    std::lock_guard lock(net_->mutex_);
+    net_->ranks_[static_cast<size_t>(rank_)].reserved = slots;
+  }
+  const uint8_t* payload(int peer, int slot) const override {
+    std::lock_guard lock(net_->mutex_);
+    return net_->ranks_[static_cast<size_t>(rank_)]
+               .slots[static_cast<size_t>(peer)][static_cast<size_t>(slot)]
+               .bytes.data() +
+           wire::kHeaderBytes;
+  }
+  void release(int peer, int slot) override { net_->release(rank_, peer, slot); }
+  bool poll(TransportSink& sink) override { return net_->poll(rank_, sink); }
+  bool flushCredits() override { return false; }
+  std::vector<int> takeDisconnected() override {
+    std::lock_guard lock(net_->mutex_);
+    return std::exchange(net_->ranks_[static_cast<size_t>(rank_)].disconnected, {});
+  }
+  Departure departure(int) const override {
+    return Departure{.call = "fake network", .status = "process exited"};
+  }
+  void arm() override {}
+  void disarm() override {}
+  EventFds eventFds() const override {
+    EventFds fds;
+    fds.fill(-1);
+    fds[0] = net_->ranks_[static_cast<size_t>(rank_)].wake;
+    return fds;
+  }
+  void consumeEvents() override {
+    uint64_t n;
+    while (::read(net_->ranks_[static_cast<size_t>(rank_)].wake, &n, sizeof n) > 0) {
+    }
+  }
+  void drain(const std::vector<bool>&) override {}
+  std::string describePeer(int peer) const override {
+    std::lock_guard lock(net_->mutex_);
+    return fmt::format("{} of {} slots occupied",
+                       net_->occupied_[static_cast<size_t>(rank_)][static_cast<size_t>(peer)],
+                       net_->slotsPerPeer_);
+  }
+
+ private:
+  std::shared_ptr<FakeNetwork> net_;
+  int rank_;
+  std::vector<std::string> address_;
+};
+
+FakeNetwork::FakeNetwork(int size, int slotsPerPeer, size_t slotBytes)
+    : size_(size),
+      slotsPerPeer_(slotsPerPeer),
+      slotBytes_(slotBytes),
+      ranks_(static_cast<size_t>(size)) {
+  const auto n = static_cast<size_t>(size);
+  occupied_.assign(n, std::vector<int>(n, 0));
+  maxOccupied_ = messages_ = occupied_;
+  for (auto& r : ranks_) {
+    r.slots.assign(n, std::vector<Slot>(static_cast<size_t>(slotsPerPeer)));
+    for (auto& peer : r.slots) {
+      for (auto& s : peer) s.bytes.resize(slotBytes);
+    }
+    r.wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  }
+}
+
+FakeNetwork::~FakeNetwork() {
+  for (auto& r : ranks_) ::close(r.wake);
+}
+
+std::unique_ptr<Transport> FakeNetwork::transport(int rank) {
+  return std::make_unique<Fake>(shared_from_this(), rank);
+}
+
+void FakeNetwork::signal(int rank) {
+  const uint64_t one = 1;
+  (void)!::write(ranks_[static_cast<size_t>(rank)].wake, &one, sizeof one);
+}
+
+bool FakeNetwork::trySend(int from, int to, const wire::Header& h, const uint8_t* data) {
+  std::lock_guard lock(mutex_);
+  Rank& sender = ranks_[static_cast<size_t>(from)];
+  Rank& receiver = ranks_[static_cast<size_t>(to)];
+  if (sender.gone.count(to) || receiver.dead) return true;  // lost with the connection
+  int& occupied = occupied_[static_cast<size_t>(from)][static_cast<size_t>(to)];
+  // Credits the engine reserved are not ours to take (Transport::reserveCredits).
+  if (occupied + static_cast<int>(sender.reserved) >= slotsPerPeer_) return false;
+  auto& slots = receiver.slots[static_cast<size_t>(from)];
+  int slot = 0;
+  while (slots[static_cast<size_t>(slot)].busy) ++slot;  // occupied < slots: one is free
+  Slot& s = slots[static_cast<size_t>(slot)];
+  s.busy = true;
+  std::memcpy(s.bytes.data(), &h, sizeof h);
+  if (h.payload > 0) std::memcpy(s.bytes.data() + wire::kHeaderBytes, data, h.payload);
+  receiver.arrivals.push_back(
+      Pending{.from = from, .slot = slot, .header = h, .arrival = ++arrivalCount_});
+  ++occupied;
+  int& most = maxOccupied_[static_cast<size_t>(from)][static_cast<size_t>(to)];
+  most = std::max(most, occupied);
+  ++messages_[static_cast<size_t>(from)][static_cast<size_t>(to)];
+  signal(to);
+  return true;
+}
+
+bool FakeNetwork::poll(int rank, TransportSink& sink) {
+  std::deque<Pending> arrivals;
+  std::vector<std::pair<int, std::string>> failures;
+  {
+    std::lock_guard lock(mutex_);
+    Rank& me = ranks_[static_cast<size_t>(rank)];
+    arrivals.swap(me.arrivals);
+    failures.swap(me.failures);
+  }
+  // Outside the lock: the sink may send (and so take it).
+  for (const Pending& p : arrivals) {
+    sink.arrived(p.from, Incoming{.slot = p.slot, .header = p.header, .arrival = p.arrival});
+  }
+  for (auto& [peer, why] : failures) {
+    sink.failed(peer, Error(ErrorKind::Completion, why));
+  }
+  return !arrivals.empty() || !failures.empty();
+}
+
+void FakeNetwork::release(int rank, int peer, int slot) {
+  std::lock_guard lock(mutex_);
+  ranks_[static_cast<size_t>(rank)]
+      .slots[static_cast<size_t>(peer)][static_cast<size_t>(slot)]
+      .busy = false;
+  --occupied_[static_cast<size_t>(peer)][static_cast<size_t>(rank)];
+  signal(peer);  // the sender may be waiting for this credit
+}
+
+void FakeNetwork::kill(int rank) {
+  std::lock_guard lock(mutex_);
+  ranks_[static_cast<size_t>(rank)].dead = true;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank) continue;
+    Rank& other = ranks_[static_cast<size_t>(r)];
+    other.gone.insert(rank);
+    other.disconnected.push_back(rank);
+    std::erase_if(other.arrivals, [&](const Pending& p) { return p.from == rank; });
+    signal(r);
+  }
+}
+
+void FakeNetwork::failTransfer(int rank, int peer, const std::string& why) {
+  std::lock_guard lock(mutex_);
+  ranks_[static_cast<size_t>(rank)].failures.emplace_back(peer, why);
+  signal(rank);
+}
+
+int FakeNetwork::maxOccupied(int from, int to) const {
+  std::lock_guard lock(mutex_);
+  return maxOccupied_[static_cast<size_t>(from)][static_cast<size_t>(to)];
+}
+
+int FakeNetwork::messages(int from, int to) const {
+  std::lock_guard lock(mutex_);
+  return messages_[static_cast<size_t>(from)][static_cast<size_t>(to)];
+}
+
+}  // namespace rdmacc::testing

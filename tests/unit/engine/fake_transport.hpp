@@ -1,0 +1,75 @@
+// Transports of several ranks in one process, joined by a FakeNetwork: each
+// message is copied into one of the receiver's slots, and the sender may
+// write a peer's slot again only after the receiver released it (the credit
+// protocol of the real transports, without a device or shared memory). The
+// engine, executor, matching and progress run over it unchanged, so their
+// ordering, credits, timeouts and failure handling are host-testable and
+// deterministic enough to assert on.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "src/transport/transport.hpp"
+
+namespace rdmacc::testing {
+
+// Threading: every method may be called from any thread (one mutex).
+class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
+ public:
+  FakeNetwork(int size, int slotsPerPeer, size_t slotBytes);
+  ~FakeNetwork();
+  // Rank `rank`'s transport (once per rank); it keeps the network alive.
+  std::unique_ptr<Transport> transport(int rank);
+  // Every other rank sees `rank`'s connections end (as a process exit);
+  // what it sent and was not polled yet is dropped.
+  void kill(int rank);
+  // Reports a failed transfer to `rank` on its connection to `peer`, as a
+  // failed completion would, at its next poll.
+  void failTransfer(int rank, int peer, const std::string& why);
+  // The most messages `from` ever had in `to`'s slots at once, and how many
+  // it sent there.
+  int maxOccupied(int from, int to) const;
+  int messages(int from, int to) const;
+
+ private:
+  class Fake;
+  struct Slot {
+    bool busy = false;
+    std::vector<uint8_t> bytes;
+  };
+  struct Pending {
+    int from;
+    int slot;
+    wire::Header header;
+    uint64_t arrival;
+  };
+  struct Rank {
+    std::vector<std::vector<Slot>> slots;  // [sender][slot], in this rank's memory
+    std::deque<Pending> arrivals;
+    std::vector<std::pair<int, std::string>> failures;
+    std::vector<int> disconnected;
+    std::set<int> gone;
+    size_t reserved = 0;
+    bool dead = false;
+    int wake = -1;  // eventfd
+  };
+  bool trySend(int from, int to, const wire::Header& h, const uint8_t* data);
+  bool poll(int rank, TransportSink& sink);
+  void release(int rank, int peer, int slot);
+  void signal(int rank);
+
+  const int size_;
+  const int slotsPerPeer_;
+  const size_t slotBytes_;
+  mutable std::mutex mutex_;
+  std::vector<Rank> ranks_;
+  std::vector<std::vector<int>> occupied_, maxOccupied_, messages_;
+  uint64_t arrivalCount_ = 0;
+};
+
+}  // namespace rdmacc::testing
