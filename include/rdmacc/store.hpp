@@ -38,6 +38,14 @@ class Store {
   void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
   // True when the key existed.
   virtual bool deleteKey(const std::string& key) = 0;
+  // The values of every key, in order, waiting (as get) until all exist: how
+  // a rank reads every peer's record of a group in one request instead of
+  // one per peer (TCPStore: one round trip). The default calls get per key.
+  virtual std::vector<Bytes> multiGet(const std::vector<std::string>& keys,
+                                      std::chrono::milliseconds timeout);
+  std::vector<Bytes> multiGet(const std::vector<std::string>& keys) {
+    return multiGet(keys, timeout());
+  }
 
   std::chrono::milliseconds timeout() const noexcept { return timeout_.load(); }
   // Safe while other threads use the store: their calls use the old or the
@@ -136,6 +144,10 @@ class TCPStore final : public Store {
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   bool deleteKey(const std::string& key) override;
+  // One request: the server answers once every key exists.
+  std::vector<Bytes> multiGet(const std::vector<std::string>& keys,
+                              std::chrono::milliseconds timeout) override;
+  using Store::multiGet;
   using Store::wait;
   uint16_t port() const noexcept;
 
@@ -154,6 +166,9 @@ class PrefixStore final : public Store {
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   bool deleteKey(const std::string& key) override;
+  std::vector<Bytes> multiGet(const std::vector<std::string>& keys,
+                              std::chrono::milliseconds timeout) override;
+  using Store::multiGet;
   using Store::wait;
 
  private:

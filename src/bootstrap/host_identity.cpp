@@ -51,12 +51,18 @@ std::vector<int> hostNumbers(Store& store, const std::string& group, int rank, i
   const std::string mine = fmt::format("rdmacc {} protocol {}", version(), handshake::kVersion);
   hosts.set(fmt::format("{}", rank), toBytes(mine + "\n" + agreed + "\n" + identity));
   std::vector<std::string> identities(static_cast<size_t>(size));
+  // Every peer's record in one request (O(N) requests per group, not N x N).
+  std::vector<std::string> keys;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer != rank) keys.push_back(fmt::format("{}", peer));
+  }
+  const std::vector<Bytes> records = hosts.multiGet(keys);
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) {
       identities[static_cast<size_t>(peer)] = identity;
       continue;
     }
-    const std::string text = toString(hosts.get(fmt::format("{}", peer)));
+    const std::string text = toString(records[static_cast<size_t>(peer < rank ? peer : peer - 1)]);
     const auto first = text.find('\n');
     const auto second = first == std::string::npos ? first : text.find('\n', first + 1);
     // At most 64 bytes of a peer's text in a message: it is hostile input.

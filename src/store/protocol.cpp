@@ -4,6 +4,7 @@
 
 #include "rdmacc/error.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace rdmacc::store_protocol {
@@ -146,6 +147,7 @@ std::vector<uint8_t> encode(const Request& request) {
   switch (request.command) {
     case Command::Check:
     case Command::Wait:
+    case Command::MultiGet:
       putU32(body, static_cast<uint32_t>(request.keys.size()));
       for (const auto& k : request.keys) putBlob(body, k.data(), k.size());
       break;
@@ -156,6 +158,30 @@ std::vector<uint8_t> encode(const Request& request) {
   if (request.command == Command::Set) putBlob(body, request.value.data(), request.value.size());
   if (request.command == Command::Add) putI64(body, request.delta);
   return withLength(std::move(body));
+}
+
+std::vector<uint8_t> encodeValues(const std::vector<std::vector<uint8_t>>& values) {
+  std::vector<uint8_t> out;
+  for (const auto& v : values) putBlob(out, v.data(), v.size());
+  return out;
+}
+
+std::optional<std::vector<std::vector<uint8_t>>> decodeValues(const std::vector<uint8_t>& value,
+                                                               size_t count) {
+  std::vector<std::vector<uint8_t>> values;
+  values.reserve(std::min(count, size_t{kMaxKeysPerRequest}));
+  size_t at = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (value.size() - at < 4) return std::nullopt;
+    const uint32_t n = getU32(value.data() + at);
+    at += 4;
+    if (value.size() - at < n) return std::nullopt;
+    values.emplace_back(value.begin() + static_cast<std::ptrdiff_t>(at),
+                        value.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  if (at != value.size()) return std::nullopt;
+  return values;
 }
 
 std::vector<uint8_t> encode(const AuthFrame& frame) {
@@ -225,7 +251,8 @@ DecodeResult decode(const uint8_t* data, size_t size, Request& out) {
         break;
       }
       case Command::Check:
-      case Command::Wait: {
+      case Command::Wait:
+      case Command::MultiGet: {
         uint32_t n = 0;
         ok = in.u32(n);
         if (ok && n > kMaxKeysPerRequest) {

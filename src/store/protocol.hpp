@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,12 +17,23 @@ constexpr uint32_t kMaxValueBytes = 256u << 20;  // 256 MiB
 constexpr uint32_t kMaxKeysPerRequest = 65536;
 constexpr uint32_t kMaxFrameBytes = kMaxValueBytes + kMaxKeyBytes + 64;
 
-enum class Command : uint8_t { Set = 1, Get = 2, Add = 3, Check = 4, Wait = 5, Delete = 6 };
+// MultiGet: every key's value once all exist (a Get of many keys), the
+// reply's value holding each as a u32 length and its bytes, in order.
+enum class Command : uint8_t {
+  Set = 1,
+  Get = 2,
+  Add = 3,
+  Check = 4,
+  Wait = 5,
+  Delete = 6,
+  MultiGet = 7,
+};
+constexpr uint8_t kCommands = 7;
 enum class Status : uint8_t { Ok = 0, Error = 1 };
 
 struct Request {
   Command command = Command::Get;
-  std::vector<std::string> keys;  // one for Set/Get/Add/Delete, any for Check/Wait
+  std::vector<std::string> keys;  // one for Set/Get/Add/Delete, any for Check/Wait/MultiGet
   std::vector<uint8_t> value;     // Set
   int64_t delta = 0;              // Add
 };
@@ -56,6 +68,12 @@ std::vector<uint8_t> encode(const AuthFrame& frame);
 // Malformed for an unknown tag or a body over kMaxAuthBodyBytes (the sizes
 // each tag needs are the caller's to check).
 DecodeResult decode(const uint8_t* data, size_t size, AuthFrame& out);
+
+// A MultiGet reply's value: the values in order, or nullopt when it is not
+// `count` well-formed length-prefixed blobs.
+std::vector<uint8_t> encodeValues(const std::vector<std::vector<uint8_t>>& values);
+std::optional<std::vector<std::vector<uint8_t>>> decodeValues(const std::vector<uint8_t>& value,
+                                                               size_t count);
 
 std::vector<uint8_t> encode(const Request& request);
 std::vector<uint8_t> encode(const Response& response);

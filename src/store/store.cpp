@@ -158,8 +158,8 @@ void PrefixStore::set(const std::string& k, const Bytes& value) {
   store_->set(key(k), value);
 }
 Bytes PrefixStore::get(const std::string& k) {
-  store_->wait({key(k)}, timeout());
-  return store_->get(key(k));
+  // One request where the store has multiGet (TCPStore), under this store's timeout.
+  return std::move(store_->multiGet({key(k)}, timeout()).front());
 }
 int64_t PrefixStore::add(const std::string& k, int64_t delta) {
   return store_->add(key(k), delta);
@@ -176,6 +176,22 @@ void PrefixStore::wait(const std::vector<std::string>& keys, std::chrono::millis
 }
 bool PrefixStore::deleteKey(const std::string& k) {
   return store_->deleteKey(key(k));
+}
+std::vector<Bytes> PrefixStore::multiGet(const std::vector<std::string>& keys,
+                                         std::chrono::milliseconds timeout) {
+  std::vector<std::string> full;
+  full.reserve(keys.size());
+  for (const auto& k : keys) full.push_back(key(k));
+  return store_->multiGet(full, timeout);
+}
+
+std::vector<Bytes> Store::multiGet(const std::vector<std::string>& keys,
+                                   std::chrono::milliseconds timeout) {
+  if (!keys.empty()) wait(keys, timeout);
+  std::vector<Bytes> values;
+  values.reserve(keys.size());
+  for (const auto& k : keys) values.push_back(get(k));
+  return values;
 }
 
 }  // namespace rdmacc

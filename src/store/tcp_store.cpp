@@ -203,7 +203,8 @@ struct TCPStore::State {
     // one short budget, and none after the server stopped answering (a mute
     // server used to cost 5 s per key on top of the timeout).
     std::vector<std::string> missing;
-    if (req.command == sp::Command::Get || req.command == sp::Command::Wait) {
+    if (req.command == sp::Command::Get || req.command == sp::Command::Wait ||
+        req.command == sp::Command::MultiGet) {
       const auto diagnosis =
           Clock::now() + std::min<Clock::duration>(timeout, std::chrono::seconds(1));
       Fd check;
@@ -273,6 +274,19 @@ bool TCPStore::check(const std::vector<std::string>& keys) {
 
 void TCPStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   state_->call({.command = sp::Command::Wait, .keys = keys}, timeout, "wait");
+}
+
+std::vector<Bytes> TCPStore::multiGet(const std::vector<std::string>& keys,
+                                      std::chrono::milliseconds timeout) {
+  if (keys.empty()) return {};
+  auto r = state_->call({.command = sp::Command::MultiGet, .keys = keys}, timeout, "multiGet");
+  auto values = sp::decodeValues(r.value, keys.size());
+  if (!values) {
+    throw Error(ErrorKind::Protocol,
+                fmt::format("the store's multiGet reply for {} keys is malformed ({} bytes)",
+                            keys.size(), r.value.size()));
+  }
+  return std::move(*values);
 }
 
 bool TCPStore::deleteKey(const std::string& key) {

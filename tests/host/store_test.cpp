@@ -179,6 +179,34 @@ TEST_P(StoreTest, PrefixStoreSeparatesGroups) {
   EXPECT_TRUE(b.check({"k"}));
 }
 
+TEST_P(StoreTest, MultiGetReturnsEveryValueInOrderOnceAllExist) {
+  auto [store, other] = GetParam().make();
+  store->set("m/0", toBytes("zero"));
+  store->set("m/2", Bytes{});  // an empty value is a value
+  std::thread setter([client = other()] {
+    std::this_thread::sleep_for(100ms);
+    client->set("m/1", toBytes("one"));
+  });
+  const auto values = store->multiGet({"m/1", "m/0", "m/2", "m/0"});
+  setter.join();
+  ASSERT_EQ(values.size(), 4u);
+  EXPECT_EQ(toString(values[0]), "one");
+  EXPECT_EQ(toString(values[1]), "zero");
+  EXPECT_TRUE(values[2].empty());
+  EXPECT_EQ(toString(values[3]), "zero");
+  EXPECT_TRUE(store->multiGet({}).empty());
+  PrefixStore group("g", store);
+  group.set("a", toBytes("A"));
+  EXPECT_EQ(toString(group.multiGet({"a"}).at(0)), "A");
+  try {
+    store->multiGet({"m/0", "m/absent"}, 200ms);
+    FAIL() << "multiGet of a missing key returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Timeout);
+    EXPECT_NE(std::string(e.what()).find("m/absent"), std::string::npos) << e.what();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, StoreTest, ::testing::ValuesIn(factories()),
                          [](const auto& p) { return p.param.name; });
 
@@ -376,6 +404,20 @@ TEST(StoreNumber, OnlyDigitsWithinTheRangeAreAccepted) {
       EXPECT_NE(std::string(e.what()).find("key 'addr/1' holds"), std::string::npos) << e.what();
     }
   }
+}
+
+// A MultiGet reply is count length-prefixed values, exactly: anything else
+// (short, long, a length past the end) is refused, never read past.
+TEST(StoreProtocol, MultiGetValuesRoundTripAndMalformedOnesAreRefused) {
+  const std::vector<Bytes> values{toBytes("a"), {}, toBytes("ccc")};
+  const Bytes encoded = sp::encodeValues(values);
+  EXPECT_EQ(sp::decodeValues(encoded, 3), values);
+  EXPECT_FALSE(sp::decodeValues(encoded, 2));  // bytes left over
+  EXPECT_FALSE(sp::decodeValues(encoded, 4));  // one missing
+  Bytes lying = encoded;
+  lying[0] = 0xff;  // the first length points past the end
+  EXPECT_FALSE(sp::decodeValues(lying, 3));
+  EXPECT_FALSE(sp::decodeValues(Bytes{1, 0}, 1));  // a length cut short
 }
 
 TEST(StoreProtocol, RandomBytesNeverCrashTheDecoder) {

@@ -25,6 +25,7 @@ using namespace std::chrono_literals;
 
 constexpr auto kResolveTimeout = 5000ms;
 constexpr auto kRetryDelay = 200ms;
+constexpr auto kAddressPoll = 50ms;
 
 constexpr const char* kMissingHint =
     "start every rank (WORLD_SIZE must match the number of processes), check their output for "
@@ -126,14 +127,32 @@ struct Mesh::Setup {
     attempts.emplace(key, Attempt{Role::Active, peer, q, std::move(id), nullptr});
   }
 
-  // Polls the store for the addresses of lower ranks (never blocks the event loop).
+  // The addresses of the lower ranks, all at once: one check of every key
+  // per kAddressPoll (never blocking the event loop, which accepts the higher
+  // ranks meanwhile), then one multiGet. Per rank, a handful of requests
+  // whatever the group's size, where a check per peer per loop was N x N.
+  bool addressesKnown = false;
+  Clock::time_point nextAddressPoll{};
+  std::vector<std::string> addressKeys;  // of the lower ranks this mesh connects
   void lookUpAddresses() {
+    if (addressesKnown) return;
+    const auto now = Clock::now();
+    if (now < nextAddressPoll) return;
+    nextAddressPoll = now + kAddressPoll;
+    std::vector<int> peers;
+    addressKeys.clear();
     for (int peer = 0; peer < mesh.rank_; ++peer) {
-      auto& a = addresses[static_cast<size_t>(peer)];
-      if (a || skipped(peer)) continue;
-      std::string key = fmt::format("addr/{}", peer);
-      if (!store.check({key})) continue;
-      std::string text = toString(store.get(key));
+      if (skipped(peer)) continue;
+      peers.push_back(peer);
+      addressKeys.push_back(fmt::format("addr/{}", peer));
+    }
+    if (!addressKeys.empty() && !store.check(addressKeys)) return;
+    addressesKnown = true;
+    const std::vector<Bytes> values = store.multiGet(addressKeys);
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const int peer = peers[i];
+      const std::string& key = addressKeys[i];
+      std::string text = toString(values[i]);
       auto colon = text.rfind(':');
       if (colon == std::string::npos) {
         throw Error(ErrorKind::Protocol,
@@ -145,7 +164,7 @@ struct Mesh::Setup {
         throw Error(ErrorKind::Protocol,
                     fmt::format("rank {} published the address '{}' with port 0", peer, text));
       }
-      a.emplace(text.substr(0, colon), port);
+      addresses[static_cast<size_t>(peer)].emplace(text.substr(0, colon), port);
       mesh.peerAddresses_[static_cast<size_t>(peer)] = text;
       for (int q = 0; q < mesh.qpsPerPeer_; ++q) startActive(peer, q);
     }

@@ -114,10 +114,16 @@ void RdmaTransport::connect(Store& store, const std::string& groupName, size_t b
                 reinterpret_cast<uintptr_t>(boardRegion_.data()), boardStride_, boardRkeys)));
   peers_.resize(static_cast<size_t>(size_));
   size_t groupBoard = boardBytes;
+  // Every peer's slot record in one request (O(N) requests per group).
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < size_; ++rank) {
+    if (rank != rank_) keys.push_back(fmt::format("slots/{}", rank));
+  }
+  const std::vector<Bytes> records = group.multiGet(keys);
   for (int rank = 0; rank < size_; ++rank) {
     if (rank == rank_) continue;
-    const std::string key = fmt::format("slots/{}", rank);
-    const std::string text = toString(group.get(key));
+    const std::string& key = keys[peerIndex(rank_, rank)];
+    const std::string text = toString(records[peerIndex(rank_, rank)]);
     const auto fields = splitFields(text, ':');
     if (fields.size() != 8) {
       throw Error(ErrorKind::Protocol,

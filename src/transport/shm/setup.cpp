@@ -164,11 +164,22 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
     return lane;
   };
   const size_t bytes = geometry_.totalBytes();
+  // Every local peer's record in one request (O(N) requests per group).
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < size_; ++rank) {
+    if (peers_[idx(rank)].carried) keys.push_back(fmt::format("{}", rank));
+  }
+  // The segment of the host's lowest rank (unique to this formation) names
+  // the counter below.
+  std::string lowest = name_;
+  bool lowestFound = false;
+  const std::vector<Bytes> records = group.multiGet(keys);
+  size_t record = 0;
   for (int rank = 0; rank < size_; ++rank) {
     Peer& p = peers_[idx(rank)];
     if (!p.carried) continue;
-    const std::string key = fmt::format("{}", rank);
-    const std::string text = toString(group.get(key));
+    const std::string& key = keys[record];
+    const std::string text = toString(records[record++]);
     const auto fields = splitFields(text, ':');
     if (fields.size() != 2 || fields[0].size() > 64 || !fields[0].starts_with("/rdmacc-")) {
       throw Error(
@@ -176,6 +187,10 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
           fmt::format("rank {} published malformed shared-memory information '{}'", rank, text));
     }
     const std::string name(fields[0]);
+    if (!lowestFound) {  // ranks ascend: the first carried one is the lowest peer
+      lowestFound = true;
+      if (rank < rank_) lowest = name;
+    }
     p.pid = static_cast<int>(storeNumber(fields[1], INT32_MAX, key));
     p.address = fmt::format("pid {} on this host", p.pid);
     net::Fd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
@@ -228,7 +243,6 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
     p.window = SlotWindow(static_cast<int>(geometry_.slots));
     p.pidfd = net::Fd(pidfdOpen(p.pid));
     p.singleCopy = singleCopy_ && probeSingleCopy(rank, p);
-    group.set(fmt::format("mapped/{}/{}", rank_, name.substr(1)), toBytes("1"));
   }
   lightPublish_ = sleepBarrier_;
   for (int rank = 0; rank < size_; ++rank) {
@@ -240,9 +254,13 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
           ? "publishing without a fence (every local rank issues membarrier before it sleeps)"
           : "publishing with a fence (RDMACC_SHM_MEMBARRIER=0, or membarrier(GLOBAL_EXPEDITED) not "
             "available, on some local rank)");
-  for (int rank = 0; rank < size_; ++rank) {
-    if (peers_[idx(rank)].carried) group.get(fmt::format("mapped/{}/{}", rank, name_.substr(1)));
+  // Our segment is unlinked once every rank of this host mapped every peer's:
+  // one counter per host (two or three requests per rank, not one per pair).
+  const std::string counter = fmt::format("mapped/{}", lowest.substr(1));
+  if (group.add(counter, 1) == static_cast<int64_t>(keys.size()) + 1) {
+    group.set(counter + "/all", toBytes("1"));
   }
+  group.get(counter + "/all");
   ::shm_unlink(name_.c_str());
   unlinked_ = true;
 }

@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Store requests per group formation grow with N, not N x N: forms groups of
+4 and 16 ranks (shared memory, one allreduce) under rdmacc-run, reads the
+request count the launcher's store server logs at exit (debug level), and fails unless
+each is at most 7 N + 4 and the count grows linearly (16 ranks <= 4.5x 4)."""
+import os
+import re
+import subprocess
+import sys
+
+run, perf = sys.argv[1], sys.argv[2]
+counts = {}
+for n in (4, 16):
+    env = dict(os.environ, RDMACC_LOG_LEVEL="debug", RDMACC_TRANSPORT="shm")
+    p = subprocess.run([run, "-n", str(n), "--timeout", "120s", "--", perf, "-c", "allreduce",
+                        "-b", "8", "-e", "8", "-n", "1", "-w", "0", "--check"],
+                       env=env, capture_output=True, text=True, timeout=180)
+    out = p.stdout + p.stderr
+    m = re.search(r"store server: served (\d+) requests", out)
+    if p.returncode != 0 or not m:
+        print(out[-3000:])
+        sys.exit(f"store_requests: {n} ranks: exit {p.returncode}, no request count in the output")
+    counts[n] = int(m.group(1))
+    line = re.search(r"store server: served .*", out).group(0)
+    print(f"{n} ranks: {line}")
+bad = [f"{n} ranks took {c} requests (limit 7 N + 4 = {7 * n + 4})"
+       for n, c in counts.items() if c > 7 * n + 4]
+if counts[16] > 4.5 * counts[4]:
+    bad.append(f"16 ranks took {counts[16] / counts[4]:.1f}x the requests of 4 (linear: 4x)")
+if bad:
+    sys.exit("store_requests: " + "; ".join(bad))
+print("store_requests: linear in N")
