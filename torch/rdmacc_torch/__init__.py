@@ -10,9 +10,24 @@ subgroups (new_group) and DDP. Configuration: the RDMACC_* environment
 variables (see docs/configuration.md and docs/pytorch.md).
 """
 
+import re as _re
+
+import torch as _torch
 import torch.distributed as _dist
 
-from ._C import BACKEND_API, BackendRdmacc, ProcessGroupRdmacc, __version__, create_process_group
+from ._build import TORCH_VERSION as BUILT_FOR_TORCH
+
+try:
+    from ._C import BACKEND_API, BackendRdmacc, ProcessGroupRdmacc, __version__, create_process_group
+except ImportError as _e:
+    _running = _re.match(r"[0-9.]*", _torch.__version__).group(0)
+    if _running != BUILT_FOR_TORCH:
+        raise ImportError(
+            f"rdmacc_torch was built for torch {BUILT_FOR_TORCH}, this is torch {_torch.__version__}: "
+            "rebuild it for this torch with `pip install --no-build-isolation --force-reinstall .` "
+            f"in rdmacc's source tree (the import failed with: {_e})"
+        ) from _e
+    raise
 
 __all__ = ["BackendRdmacc", "ProcessGroupRdmacc", "backend_of", "create_process_group", "BACKEND"]
 
