@@ -145,6 +145,15 @@ int main(int argc, char** argv) {
   app.prefix_command();  // PROGRAM and everything after it belong to the program
   if (auto status = rdmacc::cli::parse(app, argc, argv)) return *status;
   std::vector<std::string> program = app.remaining();
+  // prefix_command() hands the first word it does not know to the program:
+  // before "--", an unknown option is a typo of ours, not a program to run.
+  if (!program.empty() && program.front() != "--" && program.front().starts_with("-")) {
+    fmt::print(stderr,
+               "rdmacc-run: unknown option '{}' (see rdmacc-run --help; the program and its "
+               "options go after --)\n",
+               program.front());
+    return rdmacc::cli::kUsage;
+  }
   if (!program.empty() && program.front() == "--") program.erase(program.begin());
   if (program.empty()) {
     fmt::print(stderr, "rdmacc-run: no program to start (rdmacc-run -n N -- PROGRAM [ARGS...])\n");
@@ -185,6 +194,15 @@ int main(int argc, char** argv) {
   for (auto& arg : program) programArgv.push_back(arg.data());
   programArgv.push_back(nullptr);
 
+  // The ranks inherit the RDMACC_* environment: a value none of them would
+  // accept stops the launch here, once, instead of in every rank.
+  std::optional<rdmacc::Config> config;
+  try {
+    config = rdmacc::Config::load();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "rdmacc-run: {}\n", e.what());
+    return rdmacc::cli::kUsage;
+  }
   // Node 0 hosts rdmacc's store at --master-addr (one of its own addresses:
   // a wrong one fails here, not in every rank later).
   std::unique_ptr<rdmacc::TCPStoreServer> store;
@@ -193,7 +211,7 @@ int main(int argc, char** argv) {
       // With RDMACC_AUTH_KEY(_FILE) set, the ranks (which inherit it) must
       // authenticate; a wrong key file stops the launch here.
       store = std::make_unique<rdmacc::TCPStoreServer>(masterAddr, static_cast<uint16_t>(storePort),
-                                                       rdmacc::authKey(rdmacc::Config::load()));
+                                                       rdmacc::authKey(*config));
       storePort = store->port();
     } catch (const std::exception& e) {
       fmt::print(stderr,

@@ -313,6 +313,13 @@ std::chrono::milliseconds parseDuration(std::string_view text, std::string_view 
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
   std::string_view unit = text.substr(digits);
   int64_t multiplier = -1;
+  // A bare number has no unit, except 0: milliseconds here used to meet
+  // seconds on the command line (RDMACC_TIMEOUT=1800 was 1.8 s).
+  if (unit.empty() && digits > 0 && text.find_first_not_of('0') != std::string_view::npos) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{}='{}' has no unit", what, text),
+                fmt::format("write {}={}s for seconds or {}={}ms for milliseconds", what, text,
+                            what, text));
+  }
   if (unit.empty() || unit == "ms")
     multiplier = 1;
   else if (unit == "s")
@@ -354,9 +361,12 @@ Config Config::load(const std::map<std::string, std::string>& explicitValues,
       // Variables read by the test suite and the project's scripts rather
       // than the library (tools/run-tests, tools/with-rdma-device, ...).
       static constexpr std::string_view kProjectVariables[] = {
-          "RDMACC_BUILD_DIR", "RDMACC_FORCE_VM",     "RDMACC_VM_SHARES", "RDMACC_QUICK",
-          "RDMACC_TORCH2",    "RDMACC_FUZZ_SECONDS", "RDMACC_SANITIZE",  "RDMACC_TSAN",
-          "RDMACC_CCACHE",    "RDMACC_PARSE_ONLY"};
+          "RDMACC_BUILD_DIR",     "RDMACC_FORCE_VM",      "RDMACC_VM_SHARES",
+          "RDMACC_QUICK",         "RDMACC_TORCH2",        "RDMACC_FUZZ_SECONDS",
+          "RDMACC_SANITIZE",      "RDMACC_TSAN",          "RDMACC_CCACHE",
+          "RDMACC_PARSE_ONLY",    "RDMACC_CLUSTER",       "RDMACC_CLUSTER_FULL",
+          "RDMACC_TORCH_VENV",    "RDMACC_TORCH_VERSION", "RDMACC_SYSTEM_TORCH_VENV",
+          "RDMACC_TORCH2_PYTHON", "RDMACC_TORCH_PYTHON",  "RDMACC_TORCH_SUITE_PYTHON"};
       if (name.starts_with("RDMACC_TEST_") ||
           std::find(std::begin(kProjectVariables), std::end(kProjectVariables), name) !=
               std::end(kProjectVariables)) {

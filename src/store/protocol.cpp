@@ -167,7 +167,7 @@ std::vector<uint8_t> encodeValues(const std::vector<std::vector<uint8_t>>& value
 }
 
 std::optional<std::vector<std::vector<uint8_t>>> decodeValues(const std::vector<uint8_t>& value,
-                                                               size_t count) {
+                                                              size_t count) {
   std::vector<std::vector<uint8_t>> values;
   values.reserve(std::min(count, size_t{kMaxKeysPerRequest}));
   size_t at = 0;

@@ -73,7 +73,7 @@ DecodeResult decode(const uint8_t* data, size_t size, AuthFrame& out);
 // `count` well-formed length-prefixed blobs.
 std::vector<uint8_t> encodeValues(const std::vector<std::vector<uint8_t>>& values);
 std::optional<std::vector<std::vector<uint8_t>>> decodeValues(const std::vector<uint8_t>& value,
-                                                               size_t count);
+                                                              size_t count);
 
 std::vector<uint8_t> encode(const Request& request);
 std::vector<uint8_t> encode(const Response& response);

@@ -83,7 +83,16 @@ TEST(Config, BadValuesNameTheVariableAndTheFix) {
 
 TEST(Config, DurationsAndBooleans) {
   EXPECT_EQ(parseDuration("250ms", "x"), std::chrono::milliseconds(250));
-  EXPECT_EQ(parseDuration("250", "x"), std::chrono::milliseconds(250));
+  EXPECT_EQ(parseDuration("0", "x"), std::chrono::milliseconds(0));
+  // A bare number is refused with the fix (it meant milliseconds here and
+  // seconds on the tools' command lines).
+  try {
+    parseDuration("1800", "RDMACC_TIMEOUT");
+    FAIL() << "a bare 1800 was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RDMACC_TIMEOUT=1800s for seconds"), std::string::npos)
+        << e.what();
+  }
   EXPECT_EQ(parseDuration("2m", "x"), std::chrono::minutes(2));
   EXPECT_EQ(parseDuration("1h", "x"), std::chrono::hours(1));
   EXPECT_THROW(parseDuration("-1s", "x"), Error);
