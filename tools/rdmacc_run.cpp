@@ -211,7 +211,8 @@ int main(int argc, char** argv) {
       // With RDMACC_AUTH_KEY(_FILE) set, the ranks (which inherit it) must
       // authenticate; a wrong key file stops the launch here.
       store = std::make_unique<rdmacc::TCPStoreServer>(masterAddr, static_cast<uint16_t>(storePort),
-                                                       rdmacc::authKey(*config));
+                                                       rdmacc::authKey(*config),
+                                                       rdmacc::storeServerLimits(*config));
       storePort = store->port();
     } catch (const std::exception& e) {
       fmt::print(stderr,

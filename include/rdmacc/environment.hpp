@@ -30,6 +30,10 @@ GroupEnvironment groupFromEnvironment(const Config& config);
 // Error(InvalidArgument) naming what is wrong with the file.
 std::string authKey(const Config& config);
 
+// The limits of a TCP store server hosted by this process, from the
+// configuration (RDMACC_STORE_MEMORY).
+TCPStoreServerLimits storeServerLimits(const Config& config);
+
 // This process's rank among the ranks of its host, from LOCAL_RANK,
 // OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID (the launcher
 // that set the rank); 0 when none is set. Throws Error naming a malformed one.

@@ -96,11 +96,22 @@ class FileStore final : public Store {
 // The TCP store server: a single thread serving any number of clients.
 // Malformed frames close that client's connection and never the server.
 // Thread-safe: construct, query port(), destroy (stops and joins the thread).
-// What clients may make a TCPStoreServer hold for frames they have not
-// finished sending.
+// What clients may make a TCPStoreServer hold: frames they have not finished
+// sending, what it stores, the replies it has not sent yet, connections that
+// never authenticate.
 struct TCPStoreServerLimits {
-  size_t inputBudget = size_t{1} << 30;                // bytes, all clients together
-  std::chrono::milliseconds partialFrameIdle{60'000};  // without more of the frame
+  size_t inputBudget = size_t{1} << 30;  // bytes, all clients together
+  std::chrono::milliseconds partialFrameIdle{60'000};
+  // Keys and values stored, all clients together (RDMACC_STORE_MEMORY): a
+  // set past it fails for that client. Replies not yet sent are held to the
+  // same amount (one reply may exceed it when it is the only one).
+  size_t memoryBudget = size_t{1} << 30;
+  // With a key: a connection that has not proved it holds it by then is
+  // closed, so idle connections cannot hold the descriptors ranks need.
+  std::chrono::milliseconds authDeadline{10'000};
+  // Connections served at once; 0: as many as the descriptor limit allows
+  // (the soft limit is raised to the hard one first).
+  size_t maxClients = 0;  // without more of the frame
 };
 
 class TCPStoreServer {
@@ -130,6 +141,7 @@ struct TCPStoreOptions {
   // The job's shared secret (RDMACC_AUTH_KEY): the client authenticates with
   // it, and a server hosted here requires it. Empty: neither.
   std::string authKey;
+  TCPStoreServerLimits serverLimits;  // a server hosted here
 };
 
 // The client (and, with isServer, the server). Reconnects after a broken

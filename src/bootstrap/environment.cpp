@@ -109,6 +109,11 @@ std::string authKey(const Config& config) {
   return auth::loadKey(config);
 }
 
+TCPStoreServerLimits storeServerLimits(const Config& config) {
+  return TCPStoreServerLimits{.memoryBudget =
+                                  static_cast<size_t>(config.getInt("RDMACC_STORE_MEMORY"))};
+}
+
 int localRankFromEnvironment() {
   const Scheme* s = launcherScheme();
   if (s == nullptr || env(s->localRank) == nullptr) return 0;
@@ -178,7 +183,8 @@ GroupEnvironment groupFromEnvironment(const Config& config) {
                                        TCPStoreOptions{.isServer = g.rank == 0 && !agentHosts,
                                                        .timeout = timeout,
                                                        .connectTimeout = timeout,
-                                                       .authKey = authKey(config)});
+                                                       .authKey = authKey(config),
+                                                       .serverLimits = storeServerLimits(config)});
   return g;
 }
 

@@ -119,6 +119,8 @@ constexpr std::array kOptions = {
     "time a store get/wait waits for a key before failing", 0, 0},
   OptionSpec{"RDMACC_TIMEOUT", Duration, "30m", "",
     "default timeout of a collective (c10d's default is 30 minutes)", 0, 0},
+  OptionSpec{"RDMACC_STORE_MEMORY", Int, "1073741824", "bytes",
+    "what the TCP store server (rank 0 or the launcher) holds at most in keys and values, all clients together, and again in replies not yet sent; a set past it fails for that client", 16 << 20, int64_t{1} << 40},
   OptionSpec{"RDMACC_AGENT_STORE", Bool, "0", "",
     "the launcher hosts the TCP store at MASTER_ADDR:MASTER_PORT (rdmacc-run sets it); else rank 0 hosts it", 0, 0},
   OptionSpec{"RDMACC_STORE_PORT", Int, "0", "",

@@ -38,16 +38,18 @@ struct TCPStore::State {
   std::vector<Fd> idle;  // connections no call is using
   static constexpr size_t kMaxIdle = 8;
 
-  // A connection for one call: an idle one, or a new one.
-  Fd take() {
+  // A connection for one call: an idle one (`pooled`), or a new one.
+  Fd take(bool& pooled) {
     {
       std::lock_guard lock(mutex);
       if (!idle.empty()) {
         Fd fd = std::move(idle.back());
         idle.pop_back();
+        pooled = true;
         return fd;
       }
     }
+    pooled = false;
     return connect(Clock::now() + options.connectTimeout);
   }
   void giveBack(Fd fd) {
@@ -193,9 +195,24 @@ struct TCPStore::State {
   }
 
   sp::Response call(sp::Request req, std::chrono::milliseconds timeout, const char* what) {
-    Fd fd = take();
+    bool pooled = false;
+    Fd fd = take(pooled);
     sp::Response resp;
-    if (roundTrip(fd, req, resp, Clock::now() + timeout)) {
+    const auto deadline = Clock::now() + timeout;
+    bool answered = false;
+    try {
+      answered = roundTrip(fd, req, resp, deadline);
+    } catch (const Error& e) {
+      // A connection that sat idle in the pool may have been closed by the
+      // server (it closes never-used ones when descriptors run out): once
+      // more on a new connection. Store errors only: the server's own
+      // error replies are not retried.
+      if (!pooled || e.kind() != ErrorKind::Store || resp.status == sp::Status::Error) throw;
+      // Briefly: a server that is gone must still be reported at once.
+      fd = connect(std::min(deadline, Clock::now() + std::chrono::seconds(2)));
+      answered = roundTrip(fd, req, resp, deadline);
+    }
+    if (answered) {
       if (fd) giveBack(std::move(fd));
       return resp;
     }
@@ -239,7 +256,8 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
     std::string why;
     const std::string bind = net::storeBindAddress(state_->host, why);
     log(LogLevel::Info, "store server on {}:{}: {}", bind, port, why);
-    state_->server = std::make_unique<TCPStoreServer>(bind, port, options.authKey);
+    state_->server =
+        std::make_unique<TCPStoreServer>(bind, port, options.authKey, options.serverLimits);
     state_->port = state_->server->port();
   }
   // Connect now: a wrong address or key fails here, not at the first call.

@@ -43,8 +43,20 @@ constexpr size_t kOutputHighWater = 4u << 20;
 // At most one warning per this interval for misbehaving clients.
 constexpr auto kWarnInterval = std::chrono::seconds(10);
 
+// Without a key, a connection that never sent a byte for this long may be
+// closed to make room for a new one when descriptors run out.
+constexpr auto kQuietEvictAge = std::chrono::seconds(1);
+
+// Raises the soft descriptor limit to the hard one (the store may serve
+// thousands of ranks; the default soft limit is often 1024), then returns
+// how many clients to serve at most.
 size_t clientLimit() {
   rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return kMaxClients;
   const auto cur = static_cast<size_t>(rl.rlim_cur);
   return cur <= kReservedFds * 2 ? cur / 2 : std::min(kMaxClients, cur - kReservedFds);
@@ -65,8 +77,11 @@ struct TCPStoreServer::State {
     Fd fd;
     std::vector<uint8_t> in;
     std::vector<uint8_t> out;
-    size_t outSent = 0;    // bytes of `out` already sent: sending erases nothing
-    bool blocked = false;  // a Get/Wait waits for keys; later input is held back
+    size_t outSent = 0;       // bytes of `out` already sent: sending erases nothing
+    bool blocked = false;     // a Get/Wait waits for keys; later input is held back
+    bool spoke = false;       // sent a byte since it connected
+    bool awaitsRoom = false;  // a reply waits for room in the output budget
+    Clock::time_point connected{};
     sp::Request pending;
     size_t present = 0;  // blocked: pending.keys[0, present) were there at the last look
     Clock::time_point lastInput{};
@@ -80,7 +95,10 @@ struct TCPStoreServer::State {
   std::string authKey;  // RDMACC_AUTH_KEY; empty: no authentication
   Limits limits;
   size_t maxClients = clientLimit();
-  size_t inputHeld = 0;  // sum of the clients' `in`
+  size_t inputHeld = 0;                // sum of the clients' `in`
+  size_t storedBytes = 0;              // keys and values in `data`
+  size_t outputHeld = 0;               // sum of the clients' backlog()
+  std::vector<uint64_t> awaitingRoom;  // clients whose reply waits for outputHeld to drop
   std::map<std::string, Bytes> data;
   std::map<uint64_t, Client> clients;
   // Blocked clients by a key they wait for: a mutation of a key looks at its
@@ -122,29 +140,73 @@ struct TCPStoreServer::State {
     return ready(req, present);
   }
 
-  // Returns false when the request must wait for keys.
-  bool execute(const sp::Request& req, Client& c) {
+  enum class Outcome { Done, NeedKeys, NeedRoom };
+
+  // The bytes a Get or MultiGet reply holds (keys present), else 0.
+  size_t replyBytes(const sp::Request& req) const {
+    if (req.command != sp::Command::Get && req.command != sp::Command::MultiGet) return 0;
+    size_t total = 0;
+    for (const auto& k : req.keys) {
+      auto it = data.find(k);
+      if (it != data.end()) total += 4 + it->second.size();
+    }
+    return total;
+  }
+
+  Outcome execute(const sp::Request& req, Client& c) {
+    if (!ready(req)) {
+      if (req.command == sp::Command::Get || req.command == sp::Command::Wait ||
+          req.command == sp::Command::MultiGet) {
+        return Outcome::NeedKeys;
+      }
+    }
+    // Replies wait while those of other clients hold the budget; one that
+    // is alone may exceed it (a value can be as large as the protocol allows).
+    if (const size_t reply = replyBytes(req);
+        reply > 0 && outputHeld > 0 && outputHeld + reply > limits.memoryBudget) {
+      return Outcome::NeedRoom;
+    }
     sp::Response resp;
+    auto refuse = [&](std::string why) {
+      resp.status = sp::Status::Error;
+      resp.error = std::move(why);
+    };
+    // Room for `bytes` more stored bytes, or an error reply naming the budget.
+    auto fits = [&](size_t freed, size_t added) {
+      if (storedBytes - freed + added <= limits.memoryBudget) return true;
+      refuse(
+          fmt::format("the store is full: it holds {} bytes and its budget is {} "
+                      "(RDMACC_STORE_MEMORY of the process hosting it); {} more do not fit",
+                      storedBytes, limits.memoryBudget, added - std::min(added, freed)));
+      return false;
+    };
     switch (req.command) {
-      case sp::Command::Set:
+      case sp::Command::Set: {
+        auto it = data.find(req.keys[0]);
+        const size_t freed = it == data.end() ? 0 : req.keys[0].size() + it->second.size();
+        const size_t added = req.keys[0].size() + req.value.size();
+        if (!fits(freed, added)) break;
         data[req.keys[0]] = req.value;
+        storedBytes = storedBytes - freed + added;
         break;
+      }
       case sp::Command::Get:
-        if (!ready(req)) return false;
         resp.value = data[req.keys[0]];
         break;
       case sp::Command::Add: {
         auto it = data.find(req.keys[0]);
+        const size_t freed = it == data.end() ? 0 : req.keys[0].size() + it->second.size();
         int64_t v = 0;
         try {
           v = counterAdd(it == data.end() ? nullptr : &it->second, req.delta, req.keys[0]);
         } catch (const Error& e) {
-          resp.status = sp::Status::Error;
-          resp.error = e.info().message;
+          refuse(e.info().message);
           break;
         }
         std::string text = std::to_string(v);
+        if (!fits(freed, req.keys[0].size() + text.size())) break;
         data[req.keys[0]] = Bytes(text.begin(), text.end());
+        storedBytes = storedBytes - freed + req.keys[0].size() + text.size();
         sp::putI64(resp.value, v);
         break;
       }
@@ -152,19 +214,23 @@ struct TCPStoreServer::State {
         resp.value.push_back(ready(req) ? 1 : 0);
         break;
       case sp::Command::Wait:
-        if (!ready(req)) return false;
         break;
-      case sp::Command::Delete:
-        resp.value.push_back(data.erase(req.keys[0]) > 0 ? 1 : 0);
+      case sp::Command::Delete: {
+        auto it = data.find(req.keys[0]);
+        const bool existed = it != data.end();
+        if (existed) {
+          storedBytes -= req.keys[0].size() + it->second.size();
+          data.erase(it);
+        }
+        resp.value.push_back(existed ? 1 : 0);
         break;
+      }
       case sp::Command::MultiGet: {
-        if (!ready(req)) return false;
         size_t total = 0;
         for (const auto& k : req.keys) total += 4 + data[k].size();
         if (total > sp::kMaxValueBytes) {
-          resp.status = sp::Status::Error;
-          resp.error = fmt::format("multiGet of {} keys would return {} bytes (the limit is {})",
-                                   req.keys.size(), total, sp::kMaxValueBytes);
+          refuse(fmt::format("multiGet of {} keys would return {} bytes (the limit is {})",
+                             req.keys.size(), total, sp::kMaxValueBytes));
           break;
         }
         resp.value.reserve(total);
@@ -176,9 +242,19 @@ struct TCPStoreServer::State {
         break;
       }
     }
-    auto frame = sp::encode(resp);
+    queue(c, sp::encode(resp));
+    return Outcome::Done;
+  }
+
+  // Every reply goes out through here: outputHeld is the sum of backlogs.
+  void queue(Client& c, const std::vector<uint8_t>& frame) {
     c.out.insert(c.out.end(), frame.begin(), frame.end());
-    return true;
+    outputHeld += frame.size();
+  }
+
+  void awaitRoom(uint64_t id, Client& c) {
+    if (!c.awaitsRoom) awaitingRoom.push_back(id);
+    c.awaitsRoom = true;
   }
 
   void block(uint64_t id, Client& c, sp::Request req) {
@@ -247,8 +323,7 @@ struct TCPStoreServer::State {
         sp::AuthFrame challenge{.tag = sp::AuthTag::Challenge};
         challenge.body.assign(c.serverNonce.begin(), c.serverNonce.end());
         challenge.body.insert(challenge.body.end(), proof.begin(), proof.end());
-        auto frame = sp::encode(challenge);
-        c.out.insert(c.out.end(), frame.begin(), frame.end());
+        queue(c, sp::encode(challenge));
         c.auth = Client::Auth::AwaitProof;
       } else {
         const auth::Mac want =
@@ -275,7 +350,11 @@ struct TCPStoreServer::State {
       }
     }
     if (c.blocked) {
-      if (!ready(c.pending, c.present) || !execute(c.pending, c)) return true;
+      if (!ready(c.pending, c.present)) return true;
+      if (execute(c.pending, c) == Outcome::NeedRoom) {
+        awaitRoom(id, c);
+        return true;
+      }
       unblock(id, c);
     }
     while (!c.blocked && c.backlog() <= kOutputHighWater) {
@@ -286,13 +365,19 @@ struct TCPStoreServer::State {
         warn("dropping a client that sent a malformed frame ({})", r.reason);
         return false;
       }
+      const Outcome done = execute(req, c);
+      if (done == Outcome::NeedRoom) {  // the frame stays in c.in until there is room
+        awaitRoom(id, c);
+        break;
+      }
       offset += r.consumed;
+      c.awaitsRoom = false;
       ++requests[static_cast<size_t>(req.command) - 1];
       if (req.command == sp::Command::Set || req.command == sp::Command::Add ||
           req.command == sp::Command::Delete) {
         mutated(req.keys[0], req.command == sp::Command::Delete);
       }
-      if (!execute(req, c)) block(id, c, std::move(req));
+      if (done == Outcome::NeedKeys) block(id, c, std::move(req));
     }
     inputHeld -= offset;
     c.in.erase(c.in.begin(), c.in.begin() + static_cast<ptrdiff_t>(offset));
@@ -305,6 +390,7 @@ struct TCPStoreServer::State {
           ::send(c.fd.get(), c.out.data() + c.outSent, c.backlog(), MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         c.outSent += static_cast<size_t>(n);
+        outputHeld -= static_cast<size_t>(n);
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
@@ -325,6 +411,7 @@ struct TCPStoreServer::State {
         c.in.insert(c.in.end(), buf, buf + n);
         inputHeld += static_cast<size_t>(n);
         c.lastInput = Clock::now();
+        c.spoke = true;
         // A blocked client may not pile up unbounded input, nor all of them
         // together more than the budget.
         if (c.in.size() > sp::kMaxFrameBytes + 8) {
@@ -347,6 +434,8 @@ struct TCPStoreServer::State {
     while (true) {
       int fd = ::accept4(listenFd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
+        // Out of descriptors: an idle unproven connection makes room first.
+        if ((errno == EMFILE || errno == ENFILE) && evictOneUnproven()) continue;
         if ((errno == EMFILE || errno == ENFILE) && spareFd) {
           // Out of descriptors: the pending connection would keep the
           // listener readable and poll() spinning. Take it with the spare
@@ -364,7 +453,7 @@ struct TCPStoreServer::State {
         }
         return;
       }
-      if (clients.size() >= maxClients) {
+      if (clients.size() >= maxClients && !evictOneUnproven()) {
         ::close(fd);
         warn("refusing a client beyond {} connections", maxClients);
         continue;
@@ -374,14 +463,34 @@ struct TCPStoreServer::State {
       ++connections;
       c.fd = Fd(fd);
       if (!authKey.empty()) c.auth = Client::Auth::AwaitHello;
-      c.lastInput = Clock::now();
+      c.lastInput = c.connected = Clock::now();
     }
   }
 
   void drop(std::map<uint64_t, Client>::iterator it) {
     if (it->second.blocked) unblock(it->first, it->second);
     inputHeld -= it->second.in.size();
+    outputHeld -= it->second.backlog();
     clients.erase(it);
+  }
+
+  // Makes room for a new connection when descriptors or client slots run
+  // out: closes the oldest connection that has not proved itself (with a
+  // key: not authenticated yet; without: never sent a byte, for
+  // kQuietEvictAge), so idle sockets cannot lock the ranks out. False: none.
+  bool evictOneUnproven() {
+    const auto now = Clock::now();
+    for (auto it = clients.begin(); it != clients.end(); ++it) {  // ids grow: oldest first
+      const Client& c = it->second;
+      const bool unproven = authKey.empty() ? !c.spoke && now - c.connected > kQuietEvictAge
+                                            : c.auth != Client::Auth::Open;
+      if (!unproven) continue;
+      warn("closing an idle connection that {} to make room for a new one ({} connected)",
+           authKey.empty() ? "never sent anything" : "never authenticated", clients.size());
+      drop(it);
+      return true;
+    }
+    return false;
   }
 
   // One client's turn: read, run, reply. Whatever goes wrong with it (a
@@ -405,12 +514,18 @@ struct TCPStoreServer::State {
     }
   }
 
-  // Drops clients that sat on an unfinished frame too long.
+  // Drops clients that sat on an unfinished frame too long, and (with a
+  // key) those that did not authenticate within the deadline.
   void expireIdle() {
     auto now = Clock::now();
     for (auto it = clients.begin(); it != clients.end();) {
       Client& c = it->second;
-      if (!c.in.empty() && now - c.lastInput > limits.partialFrameIdle) {
+      if (c.auth != Client::Auth::Open && now - c.connected > limits.authDeadline) {
+        warn("dropping a client that did not authenticate within {} ms",
+             limits.authDeadline.count());
+        auto gone = it++;
+        drop(gone);
+      } else if (!c.in.empty() && now - c.lastInput > limits.partialFrameIdle) {
         warn("dropping a client that sent {} bytes of a frame and nothing for {} ms", c.in.size(),
              limits.partialFrameIdle.count());
         auto gone = it++;
@@ -429,7 +544,9 @@ struct TCPStoreServer::State {
     while (!stop.stop_requested()) {
       fds.assign({{wakeFd.get(), POLLIN, 0}, {listenFd.get(), POLLIN, 0}});
       ids.clear();
+      bool unauthenticated = false;
       for (auto& [id, c] : clients) {
+        unauthenticated = unauthenticated || c.auth != Client::Auth::Open;
         const bool backlogged = c.backlog() > kOutputHighWater;
         fds.push_back({c.fd.get(),
                        static_cast<short>((backlogged ? 0 : POLLIN) | (c.backlog() ? POLLOUT : 0)),
@@ -437,9 +554,10 @@ struct TCPStoreServer::State {
         ids.push_back(id);
       }
       // Partial frames expire: looked at every second, or sooner.
-      const auto expiryCheck =
-          std::min<std::chrono::milliseconds>(std::chrono::seconds(1), limits.partialFrameIdle);
-      const int pollMs = inputHeld > 0 ? static_cast<int>(expiryCheck.count()) : -1;
+      const auto expiryCheck = std::min<std::chrono::milliseconds>(
+          {std::chrono::seconds(1), limits.partialFrameIdle, limits.authDeadline});
+      const bool expiring = inputHeld > 0 || unauthenticated;
+      const int pollMs = expiring ? static_cast<int>(expiryCheck.count()) : -1;
       if (::poll(fds.data(), fds.size(), pollMs) < 0) {
         if (errno == EINTR) continue;
         log(LogLevel::Error, "store server: poll failed: {}", std::strerror(errno));
@@ -465,7 +583,18 @@ struct TCPStoreServer::State {
           if (!serve(id, it->second, 0)) drop(it);
         }
       }
-      if (inputHeld > 0 && Clock::now() - lastExpiry > expiryCheck) {
+      // Replies that waited for room in the output budget, once it drained.
+      if (!awaitingRoom.empty() && outputHeld < limits.memoryBudget) {
+        std::vector<uint64_t> now;
+        now.swap(awaitingRoom);
+        for (uint64_t id : now) {
+          auto it = clients.find(id);
+          if (it == clients.end()) continue;
+          it->second.awaitsRoom = false;
+          if (!serve(id, it->second, 0)) drop(it);
+        }
+      }
+      if (expiring && Clock::now() - lastExpiry > expiryCheck) {
         expireIdle();
         lastExpiry = Clock::now();
       }
@@ -478,6 +607,7 @@ TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port, std::stri
     : state_(std::make_unique<State>()) {
   state_->authKey = std::move(authKey);
   state_->limits = limits;
+  if (limits.maxClients > 0) state_->maxClients = std::min(state_->maxClients, limits.maxClients);
   state_->listenFd = net::listenTcp(host, port);
   net::setNonBlocking(state_->listenFd.get());
   state_->port = net::localPort(state_->listenFd.get());

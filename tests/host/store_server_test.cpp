@@ -13,10 +13,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
@@ -253,6 +256,65 @@ TEST(TCPStoreServer, OutOfDescriptorsRefusesWithoutSpinning) {
   EXPECT_LT(used, 500) << "the server spun on a listener it could not accept from";
   good.set("k", toBytes("after"));
   EXPECT_EQ(toString(good.get("k")), "after");
+}
+
+// docs/security.md: no client takes the store's memory past its budget.
+// Eight clients each set 16 MiB against a 64 MiB budget: the sets past it
+// fail for their client, naming the budget; the store keeps serving, and a
+// delete makes room again. (Without the budget all eight were kept: 128 MiB.)
+TEST(TCPStoreServer, TotalMemoryIsBoundedByTheBudget) {
+  TCPStoreServer server("127.0.0.1", 0, "", TCPStoreServerLimits{.memoryBudget = size_t{64} << 20});
+  const Bytes big(size_t{16} << 20, 7);
+  std::vector<std::unique_ptr<TCPStore>> clients;
+  int kept = 0;
+  std::string refusal;
+  for (int i = 0; i < 8; ++i) {
+    clients.push_back(
+        std::make_unique<TCPStore>("127.0.0.1", server.port(), TCPStoreOptions{.timeout = 10s}));
+    try {
+      clients.back()->set(fmt::format("big/{}", i), big);
+      ++kept;
+    } catch (const Error& e) {
+      refusal = e.what();
+    }
+  }
+  EXPECT_EQ(kept, 3);  // the fourth would pass 64 MiB with its key
+  EXPECT_NE(refusal.find("the store is full"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("RDMACC_STORE_MEMORY"), std::string::npos) << refusal;
+  TCPStore legit("127.0.0.1", server.port(), TCPStoreOptions{.timeout = 10s});
+  EXPECT_EQ(legit.get("big/0").size(), big.size());
+  EXPECT_TRUE(legit.check({"big/2"}));
+  EXPECT_FALSE(legit.check({"big/3"}));
+  EXPECT_TRUE(legit.deleteKey("big/1"));
+  legit.set("small", toBytes("fits again"));
+  EXPECT_EQ(toString(legit.get("small")), "fits again");
+}
+
+// docs/security.md: idle connections cannot lock the ranks out. With a key,
+// a connection that never authenticates is closed after the deadline, and
+// when every slot is taken by such connections a new client still gets in
+// (the oldest unauthenticated one makes room); without a key the same for
+// connections that never sent a byte.
+TEST(TCPStoreServer, IdleConnectionsCannotLockOutTheRanks) {
+  for (const std::string key : {"job secret", ""}) {
+    SCOPED_TRACE(key.empty() ? "without a key" : "with a key");
+    TCPStoreServer server("127.0.0.1", 0, key,
+                          TCPStoreServerLimits{.authDeadline = 1500ms, .maxClients = 8});
+    std::vector<net::Fd> idle;
+    for (int i = 0; i < 8; ++i) idle.push_back(connectRaw(server.port()));
+    std::this_thread::sleep_for(1200ms);  // past the quiet age of a connection without a key
+    TCPStore rank("127.0.0.1", server.port(),
+                  TCPStoreOptions{.timeout = 5s, .connectTimeout = 5s, .authKey = key});
+    rank.set("k", toBytes("served"));
+    EXPECT_EQ(toString(rank.get("k")), "served");
+    EXPECT_TRUE(closedWithin(idle.front().get(), 100ms)) << "the oldest idle one made room";
+    if (!key.empty()) {
+      // The rest never authenticated: gone once the deadline passed.
+      EXPECT_TRUE(closedWithin(idle.back().get(), 3s));
+    }
+    rank.set("k", toBytes("still served"));
+    EXPECT_EQ(toString(rank.get("k")), "still served");
+  }
 }
 
 // A client blocked in a Wait on many keys: every Set used to copy and look
