@@ -35,15 +35,30 @@ std::atomic<LogLevel>& levelRef() noexcept {
   return level;
 }
 
+// The rank the launcher gave this process (torchrun, rdmacc-run, mpirun,
+// srun), for %r in RDMACC_LOG_FILE: the log opens before any group exists.
+// -1 when none says (or what it says is not a rank).
+int launcherRank() noexcept {
+  for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    const char* text = std::getenv(name);
+    if (text == nullptr || *text == '\0' || std::strlen(text) > 9) continue;
+    if (std::strspn(text, "0123456789") != std::strlen(text)) continue;
+    return std::atoi(text);
+  }
+  return -1;
+}
+
 // Where lines go without a user sink: the file RDMACC_LOG_FILE names (opened
-// once, appended, close-on-exec), else stderr. A file that cannot be opened
-// is reported on stderr once, naming it and why, and lines stay on stderr.
+// once, appended, close-on-exec, never through a symbolic link: another user
+// could point one at a file of ours), else stderr. A file that cannot be
+// opened is reported on stderr once, naming it and why, and lines stay on
+// stderr.
 int openLogFile() noexcept {
   const char* pattern = std::getenv("RDMACC_LOG_FILE");
   if (pattern == nullptr || *pattern == '\0') return STDERR_FILENO;
   try {
-    const std::string path = expandPathPattern(pattern);
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    const std::string path = expandPathPattern(pattern, launcherRank());
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
     if (fd >= 0) return fd;
     std::string line =
         fmt::format("rdmacc warn: RDMACC_LOG_FILE: cannot open '{}' ({}); logging to stderr\n",

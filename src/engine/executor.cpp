@@ -7,6 +7,7 @@
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "src/core/deadline.hpp"
 #include "src/engine/event_trace.hpp"
 #include "src/reduce/reduce.hpp"
 #include "src/transport/peer_errors.hpp"
@@ -141,7 +142,7 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
     }
     a.started = true;
     traceStage(options_.trace, EventTrace::Stage::Start, false, op.sequence);
-    a.deadline = std::chrono::steady_clock::now() + op.timeout;
+    a.deadline = deadlineAfter(op.timeout);
     if (logEnabled(LogLevel::Trace))
       log(LogLevel::Trace, "start {} ({} steps)", op.description(), op.steps().size());
     if (op.copyIn.bytes > 0 && op.copyIn.to != op.copyIn.from) {
@@ -344,7 +345,7 @@ bool Executor::advancePointToPoint(std::vector<std::unique_ptr<Active>>& ops, Ac
       }
       a.started = true;
       traceStage(options_.trace, EventTrace::Stage::Start, true, op.tag, op.peer);
-      a.deadline = std::chrono::steady_clock::now() + op.timeout;
+      a.deadline = deadlineAfter(op.timeout);
       if (op.peer >= 0) a.source = op.peer;
     }
     if (op.isSend) {

@@ -4,6 +4,7 @@
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "src/core/deadline.hpp"
 
 namespace rdmacc {
 namespace {
@@ -53,7 +54,7 @@ int Work::sourceRank() const {
 bool Work::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   bool forever = timeout == std::chrono::milliseconds::max();
-  auto until = forever ? Clock::time_point::max() : Clock::now() + timeout;
+  auto until = forever ? Clock::time_point::max() : deadlineAfter(timeout);
   if (callbackDepth > 0 && !settled_.load(std::memory_order_acquire)) {
     throw Error(ErrorKind::InvalidArgument,
                 fmt::format("Work::wait on {} #{} inside a completion callback: it would never "

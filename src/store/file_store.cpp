@@ -16,6 +16,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "rdmacc/store.hpp"
+#include "src/core/deadline.hpp"
 #include "src/store/protocol.hpp"
 #include "src/store/socket.hpp"
 #include "src/store/store_util.hpp"
@@ -188,7 +189,7 @@ bool FileStore::check(const std::vector<std::string>& keys) {
 }
 
 void FileStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  auto deadline = net::Clock::now() + timeout;
+  auto deadline = deadlineAfter(timeout);
   auto delay = std::chrono::milliseconds(1);
   while (true) {
     std::vector<std::string> missing;

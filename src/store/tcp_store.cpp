@@ -11,6 +11,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "rdmacc/store.hpp"
+#include "src/core/deadline.hpp"
 #include "src/store/auth.hpp"
 #include "src/store/protocol.hpp"
 #include "src/store/socket.hpp"
@@ -50,7 +51,7 @@ struct TCPStore::State {
       }
     }
     pooled = false;
-    return connect(Clock::now() + options.connectTimeout);
+    return connect(deadlineAfter(options.connectTimeout));
   }
   void giveBack(Fd fd) {
     std::lock_guard lock(mutex);
@@ -198,7 +199,7 @@ struct TCPStore::State {
     bool pooled = false;
     Fd fd = take(pooled);
     sp::Response resp;
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = deadlineAfter(timeout);
     bool answered = false;
     try {
       answered = roundTrip(fd, req, resp, deadline);
@@ -261,7 +262,7 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
     state_->port = state_->server->port();
   }
   // Connect now: a wrong address or key fails here, not at the first call.
-  state_->giveBack(state_->connect(Clock::now() + options.connectTimeout));
+  state_->giveBack(state_->connect(deadlineAfter(options.connectTimeout)));
 }
 
 TCPStore::~TCPStore() = default;

@@ -6,6 +6,7 @@
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "src/core/deadline.hpp"
 #include "src/store/auth.hpp"
 #include "src/store/store_util.hpp"
 #include "src/transport/rdma/handshake.hpp"
@@ -62,7 +63,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
                          std::shared_ptr<Store>(&store, [](Store*) {}));
   auto connectTimeout = config.getDuration("RDMACC_CONNECT_TIMEOUT");
   groupStore.setTimeout(connectTimeout);
-  auto deadline = Clock::now() + connectTimeout;
+  auto deadline = deadlineAfter(connectTimeout);
   try {
     endpoint_ = options.endpoint ? *options.endpoint : selectEndpoint(config);
     if (const ForkSafety fork = forkSafety(); fork.atRisk) {

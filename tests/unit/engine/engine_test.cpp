@@ -11,6 +11,7 @@
 #include <mutex>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rdmacc/error.hpp"
@@ -178,6 +179,22 @@ TEST(Engine, AReceiveNobodySendsTimesOutNamingThePeer) {
   EXPECT_EQ(e.kind(), ErrorKind::Timeout) << e.what();
   EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
   EXPECT_LT(took, 10s);
+}
+
+// A timeout near the limits (RDMACC_TIMEOUT=999999999999h, Python's
+// timedelta.max) means "never": its deadline saturates instead of wrapping
+// into the past, which failed the operation at once.
+TEST(Engine, ATimeoutNearTheLimitsNeverExpires) {
+  Group g(2, 2, 256);
+  const auto forever =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::hours(999'999'999'999));
+  std::vector<uint8_t> out(300, 5), in(300, 0);
+  auto recv = g[1].submit(pointToPoint(false, 0, 2, in, forever));
+  std::this_thread::sleep_for(200ms);  // a wrapped deadline fails it here
+  auto send = g[0].submit(pointToPoint(true, 1, 2, out, forever));
+  EXPECT_TRUE(recv->wait());
+  EXPECT_TRUE(send->wait());
+  EXPECT_EQ(in, out);
 }
 
 TEST(Engine, ADeadPeerFailsEveryWaitingRankAndLaterOperations) {
