@@ -33,15 +33,33 @@ __all__ = ["BackendRdmacc", "ProcessGroupRdmacc", "backend_of", "create_process_
 
 BACKEND = "rdmacc"
 
+
+def _create_backend(*args, **kwargs):
+    """create_process_group, and the group's default backend type when torch
+    left it undefined. torch (2.x) sets it for "cpu:X,..." specs only when a
+    plugin's upper-case registry name equals the spec's lower-case backend
+    name, which never holds; a group without one warns "No backend of type 0
+    found" at destroy_process_group. The group being built is the caller's
+    local `pg` (torch.distributed's _new_process_group_helper)."""
+    backend = create_process_group(*args, **kwargs)
+    try:
+        import inspect
+
+        frame = inspect.currentframe().f_back
+        pg = frame.f_locals.get("pg") if frame is not None else None
+        if isinstance(pg, _dist.ProcessGroup) and pg.name() == "undefined":
+            pg._set_default_backend(_dist.ProcessGroup.BackendType.CUSTOM)
+    except Exception:  # a torch without these internals: only the warning remains
+        pass
+    return backend
+
 # register_backend asserts on a second registration (importlib.reload, or two
 # copies of the package on sys.path): register once per interpreter.
 if BACKEND.upper() not in _dist.Backend._plugins:
     if BACKEND_API:
         # torch >= 2.0: a c10d::Backend for CPU tensors, so that
         # init_process_group("cpu:rdmacc,cuda:nccl") routes CPU tensors here.
-        _dist.Backend.register_backend(
-            BACKEND, create_process_group, extended_api=True, devices=["cpu"]
-        )
+        _dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
     else:
         _dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True)
 
