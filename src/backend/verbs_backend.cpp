@@ -35,14 +35,11 @@ bool spinYield(const std::string& setting, int local) {
 // latency-bound work, and for a caller blocked in wait() on latency-bound
 // work (1 ms with auto: its thread has nothing else to do; Progress::drive
 // yields between its polls past the first spin). auto: 50 us, and 1 ms for
-// latency-bound work when spinning yields
-// (more ranks than CPUs): a sleeping rank needs an interrupt and a
-// reschedule to wake, while a yielding spinner hands its CPU to the rank it
-// waits for anyway; for large transfers the spinner's polls take CPU from
-// the device's software (rxe), so they keep the short spin. Measured in the
-// VM (4 ranks, 2 vCPUs, A/B 1 ms vs 50 us, 3 rounds): 8-byte allreduce
-// 425-644 vs 648-1160 us, broadcast 162-220 vs 554-786 us; 16 MiB allreduce
-// busbw 0.043-0.049 vs 0.044-0.052 GB/s.
+// latency-bound work when spinning yields (more ranks than CPUs): a sleeping
+// rank needs an interrupt and a reschedule to wake, while a yielding spinner
+// hands its CPU to the rank it waits for anyway; large transfers keep the
+// short spin, whose polls would take CPU from a software device (rxe).
+// Measurements: docs/performance.md, "Numbers behind code comments".
 struct SpinTimes {
   std::chrono::microseconds spin, latencyBound, waitLatencyBound;
 };

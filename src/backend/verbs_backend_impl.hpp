@@ -158,8 +158,8 @@ struct VerbsBackend::Impl {
     return t.count() < 0 ? defaultTimeout : t;
   }
 
-  // RDMACC_ALGO_<OP> (validated by Config), read once: a lookup per call
-  // cost a small allreduce ~800 instructions.
+  // RDMACC_ALGO_<OP> (validated by Config), read once: a configuration
+  // lookup per call was a visible share of a small allreduce's cost.
   struct Forced {
     Algorithm allreduce = Algorithm::Auto, broadcast = Algorithm::Auto, reduce = Algorithm::Auto,
               barrier = Algorithm::Auto;

@@ -46,8 +46,8 @@ struct Operation {
   // float32, sum, ring") as a format string (a literal, checked at compile
   // time) and its arguments (numbers and static strings such as toString's),
   // formatted only when a message needs them (description(), which adds the
-  // name and sequence: "allreduce #12 (...)"). Formatting them for every
-  // operation cost ~1,100 instructions, a fifth of a small allreduce's.
+  // name and sequence: "allreduce #12 (...)"): formatting them for every
+  // operation was a large share of a small allreduce's instructions.
   static constexpr size_t kDetailArgs = 6;
   using DetailArg = std::variant<uint64_t, int64_t, const char*>;
   std::string_view detailFormat;

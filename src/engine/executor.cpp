@@ -96,11 +96,10 @@ void Executor::prepareAdverts(Active& a) {
       const DirectWrites kind = transport_.directWrites(r.peer);
       if (kind == DirectWrites::None || (kind == DirectWrites::Registered && !registered)) continue;
       // Shared memory: a single-copy write moves the receiver's copy to the
-      // sender, with the kernel's copy (~0.7x memcpy here). That pays where
-      // ranks both send and receive (allgather, allreduce's ring: 5-10%
-      // faster at 16 MiB) and not where the root's sends are the pipeline's
-      // bottleneck: broadcast took 35% longer, scatter ~5% (2 and 4 ranks,
-      // docs/performance.md).
+      // sender, with the kernel's copy (slower than memcpy). That pays where
+      // ranks both send and receive (allgather, allreduce's ring) and not
+      // where the root's sends are the pipeline's bottleneck (broadcast,
+      // scatter): docs/performance.md, the shared-memory single-copy table.
       if (kind == DirectWrites::AnyMemory &&
           (op.type == OpType::Broadcast || op.type == OpType::Scatter)) {
         continue;

@@ -130,8 +130,8 @@ void Progress::waitForEvents(bool events, std::optional<std::chrono::microsecond
 // kSleepSlice). The caller's longer spin (driverSpinTime) covers a peer that
 // is a little late; past the engine thread's spin it yields the CPU between
 // polls, so a rank that shares this CPU without RDMACC_SPIN_YIELD knowing
-// (a CPU quota, pretend hosts) still runs (spinning 1 ms without yielding
-// made 4 ranks on 2 CPUs 2.5-3.6x slower). Once a wait outlasted it and
+// (a CPU quota, pretend hosts) still runs (docs/performance.md, "Numbers
+// behind code comments"). Once a wait outlasted it and
 // slept, the peer is slow (a straggler), and until something moves again the
 // engine thread's spin applies between sleeps, so a long wait costs little
 // CPU.

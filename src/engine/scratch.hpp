@@ -2,10 +2,9 @@
 // the packed blocks of gather, scatter, alltoall and the coalesced
 // collectives, a copy of an in-place input. A training loop repeats the same
 // collectives, so large buffers go back to the backend's ScratchPool when
-// their operation ends and serve the next one: a fresh 16 MiB buffer per
-// operation cost its page faults and zero-filling every time (a 2-rank
-// 16 MiB reduce_scatter through shared memory took 3.3x an allreduce's time;
-// docs/performance.md).
+// their operation ends and serve the next one: a fresh large buffer per
+// operation costs its page faults and zero-filling every time
+// (docs/performance.md, "Numbers behind code comments").
 #pragma once
 
 #include <cstddef>

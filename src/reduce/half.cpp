@@ -91,10 +91,10 @@ constexpr HalfKernels kernelsOf() {
 
 #ifdef RDMACC_HALF_AVX2
 // F16C converts eight halves per instruction, exactly (round to nearest
-// even, as floatToHalf); the portable float16 kernel ran at ~1 GB/s
-// natively, below a 100 Gb/s link. bfloat16 is float's upper half: its
-// portable conversions compiled for AVX2's lanes (explicit intrinsics
-// measured no faster: 3.85 vs 3.57 GB/s). The float arithmetic between the
+// even, as floatToHalf); the portable float16 kernel is slower than a
+// 100 Gb/s link (docs/performance.md, "Reduction kernels"). bfloat16 is
+// float's upper half: its portable conversions compiled for AVX2's lanes
+// (explicit intrinsics were no faster). The float arithmetic between the
 // conversions stays the baseline's.
 __attribute__((target("avx2,f16c"))) void widenF16c(float* out, const uint16_t* in, size_t m) {
   size_t i = 0;

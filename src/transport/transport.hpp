@@ -1,9 +1,10 @@
 // The transport interface: how the engine moves one message to a peer and
-// learns what arrived, whatever carries the bytes (RDMA today; shared memory
-// inside a host next). A message is a wire::Header and up to chunkBytes() of
-// payload in one of the receiver's staging slots; the slot stays the
-// receiver's until it releases it, and credits (how many slots of a peer this
-// rank may write) are the transport's own business.
+// learns what arrived, whatever carries the bytes (RDMA between hosts,
+// shared memory inside one, both behind a composite). A message is a
+// wire::Header and up to chunkBytes() of payload in one of the receiver's
+// staging slots; the slot stays the receiver's until it releases it, and
+// credits (how many slots of a peer this rank may write) are the
+// transport's own business.
 //
 // Nothing here names a verbs type: the executor, matching and the engine core
 // see only this.

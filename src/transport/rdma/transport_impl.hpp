@@ -104,11 +104,11 @@ class RdmaTransport final : public Transport, public Board {
   }
   DirectWrites directWrites(int) const override { return DirectWrites::Registered; }
   // One: a post may carry its whole transfer before it returns (soft-RoCE
-  // runs requester and responder inside ibv_post_send, ~2.5 ms per 256 KiB
-  // slot in the VM), and a rank that posted a window's worth in one round
-  // consumed nothing and returned no credits meanwhile, so both sides of a
-  // two-way transfer took turns waiting for credits. On a NIC the round
-  // between two posts costs ~1 us next to a slot's ~20 us on the wire.
+  // runs requester and responder inside ibv_post_send), and a rank that
+  // posted a window's worth in one round consumed nothing and returned no
+  // credits meanwhile, so both sides of a two-way transfer took turns
+  // waiting for credits. On a NIC the round between two posts is short next
+  // to a slot's time on the wire (docs/performance.md, "Two-way transfers").
   size_t sendBurst(int) const override { return 1; }
   void arm() override { mesh_.cq().arm(); }
   void disarm() override {}
