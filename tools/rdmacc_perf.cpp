@@ -331,6 +331,9 @@ int runCollective(const Args& args) {
   Case c = bench.describe();
   bool lead = backend->getRank() == 0;
   if (lead) {
+    // What nccl-tests users read first: the build, the host, the transport.
+    fmt::print("# rdmacc {} on {}, RDMACC_TRANSPORT={}\n", rdmacc::version(), hostName(),
+               Config::load().getString("RDMACC_TRANSPORT"));
     fmt::print(
         "# group of {} ranks formed in {:.0f} ms (slowest rank), {:.1f} MiB resident (largest "
         "rank)\n",
