@@ -203,6 +203,15 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "rdmacc-run: {}\n", e.what());
     return rdmacc::cli::kUsage;
   }
+  // Several ranks on this host, each with OpenMP's default of one thread per
+  // CPU, oversubscribe it: as torchrun, one thread each unless the user chose.
+  const bool setOmpThreads = n > 1 && std::getenv("OMP_NUM_THREADS") == nullptr;
+  if (setOmpThreads) {
+    fmt::print(stderr,
+               "rdmacc-run: OMP_NUM_THREADS=1 for each of the {} ranks on this host (set "
+               "OMP_NUM_THREADS to choose another number)\n",
+               n);
+  }
   // Node 0 hosts rdmacc's store at --master-addr (one of its own addresses:
   // a wrong one fails here, not in every rank later).
   std::unique_ptr<rdmacc::TCPStoreServer> store;
@@ -269,6 +278,7 @@ int main(int argc, char** argv) {
     envStrings.push_back(fmt::format("MASTER_PORT={}", masterPort));
     envStrings.push_back("RDMACC_AGENT_STORE=1");
     envStrings.push_back(fmt::format("RDMACC_STORE_PORT={}", storePort));
+    if (setOmpThreads) envStrings.push_back("OMP_NUM_THREADS=1");
     std::vector<char*> envp;
     for (auto& kv : envStrings) envp.push_back(kv.data());
     envp.push_back(nullptr);
