@@ -58,6 +58,16 @@ c10::intrusive_ptr<c10d::Work> BackendRdmacc::allreduceSparse(at::Tensor& tensor
   for (int64_t r = 0; r < n; ++r) {
     indexParts.push_back(allIndices[r].narrow(1, 0, count[r]));
     valueParts.push_back(allValues[r].narrow(0, 0, count[r]));
+    // A peer's indices are hostile input: sparse_coo_tensor does not check
+    // them, and one past this tensor's sizes would be written out of bounds.
+    for (int64_t d = 0; d < indices.size(0); ++d) {
+      const at::Tensor row = indexParts.back()[d];
+      const at::Tensor bad = row.lt(0).logical_or(row.ge(input.size(d))).nonzero();
+      TORCH_CHECK(bad.numel() == 0, "rdmacc allreduce (sparse): rank ", r, " sent index ",
+                  bad.numel() == 0 ? 0 : row[bad[0][0].item<int64_t>()].item<int64_t>(),
+                  " in dimension ", d, ", outside this rank's tensor of sizes ", input.sizes(),
+                  ": every rank must pass a sparse tensor of the same sizes");
+    }
   }
   const at::Tensor sum = at::sparse_coo_tensor(at::cat(indexParts, 1), at::cat(valueParts, 0),
                                                input.sizes(), input.options())

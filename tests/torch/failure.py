@@ -44,6 +44,21 @@ def main():
     expect_raise("mismatched sizes", dist.all_reduce(t, group=mismatch, async_op=True),
                  ["same sizes", "reported a failure"], TIMEOUT.total_seconds() + 5)
 
+    # 1b. A sparse allreduce whose peers send indices outside this rank's
+    # tensor (they pass a larger one): rank 0 refuses them naming a peer
+    # instead of building a tensor from them (docs/security.md).
+    sparse = dist.new_group(backend="rdmacc", timeout=TIMEOUT)
+    n = 4 if rank == 0 else 8
+    s = torch.sparse_coo_tensor(torch.tensor([[1 if rank == 0 else 6]]), torch.ones(1), (n,))
+    try:
+        dist.all_reduce(s, group=sparse)
+        if rank == 0:
+            problems.append("sparse indices out of range: all_reduce returned")
+    except RuntimeError as e:
+        print(f"rank {rank}: sparse indices out of range: {e}", flush=True)
+        if rank != 0 or "rank 1 sent index 6" not in str(e):
+            problems.append(f"sparse indices out of range: {e}")
+
     # 2. The last rank dies while the others are in a 1 MiB allreduce (which
     # cannot complete without it; the C++ failure tests kill a rank mid-transfer).
     killed = dist.new_group(backend="rdmacc", timeout=TIMEOUT)
