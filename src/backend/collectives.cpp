@@ -15,7 +15,7 @@ std::shared_ptr<Work> VerbsBackend::broadcast(std::vector<Tensor>& tensors,
   op->schedule = s.planFor(
       Impl::Shape{
           .type = OpType::Broadcast, .algorithm = opts.algorithm, .root = root, .bytes = t.bytes()},
-      "broadcast", [&](Algorithm algo) {
+      [&](Algorithm algo) {
         return algo == Algorithm::Ring ? algorithms::chainBroadcast(rank_, size_, root, t.bytes())
                : algo == Algorithm::Tree
                    ? algorithms::treeBroadcast(rank_, size_, root, t.bytes())
@@ -117,7 +117,7 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
   op->schedule = s.planFor(
       Impl::Shape{
           .type = OpType::Reduce, .algorithm = opts.algorithm, .root = root, .bytes = t.bytes()},
-      "reduce", [&](Algorithm algo) {
+      [&](Algorithm algo) {
         return algo == Algorithm::Tree
                    ? algorithms::treeReduce(rank_, size_, root, t.bytes())
                    : algorithms::hierarchicalReduce(rank_, s.hosts, root, t.bytes(),

@@ -222,12 +222,11 @@ size_t VerbsBackend::chunkBytes() const noexcept {
 std::shared_ptr<Work> VerbsBackend::barrier(const BarrierOptions& opts) {
   Impl& s = *impl_;
   auto op = s.collective(OpType::Barrier, opts.timeout);
-  op->schedule = s.planFor(Impl::Shape{.type = OpType::Barrier, .algorithm = opts.algorithm},
-                           "barrier", [&](Algorithm algo) {
-                             return algo == Algorithm::Hierarchical
-                                        ? algorithms::hierarchicalBarrier(rank_, s.hosts)
-                                        : algorithms::disseminationBarrier(rank_, size_);
-                           });
+  op->schedule = s.planFor(
+      Impl::Shape{.type = OpType::Barrier, .algorithm = opts.algorithm}, [&](Algorithm algo) {
+        return algo == Algorithm::Hierarchical ? algorithms::hierarchicalBarrier(rank_, s.hosts)
+                                               : algorithms::disseminationBarrier(rank_, size_);
+      });
   op->describe("{}", toString(op->schedule->algorithm));
   return s.submit(std::move(op));
 }

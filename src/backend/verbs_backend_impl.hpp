@@ -121,14 +121,13 @@ struct VerbsBackend::Impl {
   std::vector<CachedPlan> plans;
   uint64_t planUses = 0;
 
-  // The plan for `shape`: cached, or chosen (choose(), for `collective`)
-  // and built (build(algorithm) returns the Schedule). A request choose()
+  // The plan for `shape`: cached, or chosen (choose(), for shape.type) and
+  // built (build(algorithm) returns the Schedule). A request choose()
   // refuses throws and is not cached, so it throws again on every call.
   template <typename Build>
-  std::shared_ptr<const Plan> planFor(const Shape& shape, std::string_view collective,
-                                      Build&& build) {
+  std::shared_ptr<const Plan> planFor(const Shape& shape, Build&& build) {
     if (auto cached = cachedPlan(shape)) return cached;
-    const Algorithm algo = choose(shape.algorithm, collective, shape.bytes);
+    const Algorithm algo = choose(shape.algorithm, shape.type, shape.bytes);
     return keepPlan(shape, std::make_shared<const Plan>(build(algo), algo));
   }
   std::shared_ptr<const Plan> cachedPlan(const Shape& shape) {
@@ -173,36 +172,63 @@ struct VerbsBackend::Impl {
                         .reduce = read("RDMACC_ALGO_REDUCE"),
                         .barrier = read("RDMACC_ALGO_BARRIER")};
   }
-  Algorithm forced(std::string_view collective) const {
+  Algorithm forced(OpType collective) const {
     const Forced& f = forcedAlgorithms;
-    return collective == "allreduce"   ? f.allreduce
-           : collective == "broadcast" ? f.broadcast
-           : collective == "reduce"    ? f.reduce
-           : collective == "barrier"   ? f.barrier
-                                       : Algorithm::Auto;
+    switch (collective) {
+      case OpType::Allreduce:
+        return f.allreduce;
+      case OpType::Broadcast:
+        return f.broadcast;
+      case OpType::Reduce:
+        return f.reduce;
+      case OpType::Barrier:
+        return f.barrier;
+      default:
+        return Algorithm::Auto;
+    }
+  }
+
+  // The collective whose algorithms an operation chooses among: the
+  // variants of a call (coalesced, _base) share their collective's.
+  static OpType selectionOf(OpType type) noexcept {
+    switch (type) {
+      case OpType::AllreduceCoalesced:
+        return OpType::Allreduce;
+      case OpType::AllgatherBase:
+      case OpType::AllgatherCoalesced:
+        return OpType::Allgather;
+      case OpType::ReduceScatterBase:
+        return OpType::ReduceScatter;
+      case OpType::AlltoallBase:
+        return OpType::Alltoall;
+      default:
+        return type;
+    }
   }
 
   // The call's choice, else RDMACC_ALGO_<OP> (allreduce, broadcast, reduce,
   // barrier; validated by Config), else the tuning table (RDMACC_TUNE_FILE:
-  // allreduce, broadcast, allgather), else automatic(). `collective` is one
-  // of algorithmsOf()'s names and `bytes` the size its automatic choice goes
-  // by; the choice must be one of its algorithms.
-  Algorithm choose(Algorithm requested, std::string_view collective, size_t bytes) const {
+  // allreduce, broadcast, allgather), else automatic(). `bytes` is the size
+  // the automatic choice goes by; the choice must be one of the collective's
+  // algorithms (algorithmsOf, by the name the tuning file also uses).
+  Algorithm choose(Algorithm requested, OpType type, size_t bytes) const {
+    const OpType collective = selectionOf(type);
+    const std::string_view name = toString(collective);
     Algorithm algo = requested;
     if (algo == Algorithm::Auto) algo = forced(collective);
     if (algo == Algorithm::Auto) {
-      if (auto tuned = tuning.lookup(collective, size, bytes)) algo = *tuned;
+      if (auto tuned = tuning.lookup(name, size, bytes)) algo = *tuned;
     }
     if (algo == Algorithm::Auto) algo = automatic(collective, bytes);
     // RDMACC_ALGO_* and the tuning table were checked against the collective
     // when read, automatic() picks only its own: the call's is checked here.
     if (requested != Algorithm::Auto) {
-      const auto allowed = algorithmsOf(collective);
+      const auto allowed = algorithmsOf(name);
       if (std::find(allowed.begin(), allowed.end(), algo) == allowed.end()) {
         std::string names;
         for (Algorithm a : allowed)
           names += fmt::format("{}{}", names.empty() ? "" : ", ", toString(a));
-        invalid(fmt::format("{} has no {} algorithm", collective, toString(algo)),
+        invalid(fmt::format("{} has no {} algorithm", name, toString(algo)),
                 fmt::format("use auto, {}", names));
       }
     }
@@ -218,27 +244,27 @@ struct VerbsBackend::Impl {
   // reduce only when ranks of a host are not consecutive: with consecutive
   // ones the flat chain or tree already crosses each host boundary once, and
   // forwards one copy per rank (docs/performance.md, the hierarchical table).
-  Algorithm automatic(std::string_view collective, size_t bytes) const {
+  Algorithm automatic(OpType collective, size_t bytes) const {
     // Latency-bound allgathers and reduce-scatters (by the gathered or whole
     // size, the same on every rank) go to every rank at once, larger ones
     // around the ring.
-    if (collective == "allgather" || collective == "reduce_scatter") {
+    if (collective == OpType::Allgather || collective == OpType::ReduceScatter) {
       return bytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
     }
     // Alltoall sizes may differ between ranks, so only the group decides:
     // every pair at once in small groups, pairwise steps (no incast) in
     // larger ones.
-    if (collective == "alltoall") {
+    if (collective == OpType::Alltoall) {
       return size <= kLinearAlltoallMaxRanks ? Algorithm::Linear : Algorithm::Pairwise;
     }
-    const bool topological = collective == "allreduce" || collective == "barrier";
+    const bool topological = collective == OpType::Allreduce || collective == OpType::Barrier;
     if (hosts.layered() && (topological || !hosts.contiguous())) return Algorithm::Hierarchical;
-    if (collective == "barrier") return Algorithm::Dissemination;
-    if (collective == "reduce") return Algorithm::Tree;
+    if (collective == OpType::Barrier) return Algorithm::Dissemination;
+    if (collective == OpType::Reduce) return Algorithm::Tree;
     if (bytes > treeMaxBytes) return Algorithm::Ring;
     // Small allreduces in power-of-two groups: log2 n exchanges instead of a
     // tree's 2 log2 n hops.
-    return collective == "allreduce" && size > 1 && algorithms::isPowerOfTwo(size)
+    return collective == OpType::Allreduce && size > 1 && algorithms::isPowerOfTwo(size)
                ? Algorithm::RecursiveDoubling
                : Algorithm::Tree;
   }
@@ -246,7 +272,7 @@ struct VerbsBackend::Impl {
   // The allgather plan of equal blocks that add up to shape.bytes (the
   // gathered size).
   std::shared_ptr<const Plan> allgatherPlan(const Shape& shape) {
-    return planFor(shape, "allgather", [&](Algorithm algo) {
+    return planFor(shape, [&](Algorithm algo) {
       const auto blocks = uniformBlocks(shape.bytes / static_cast<size_t>(size), size);
       return algo == Algorithm::Ring ? algorithms::ringAllgather(rank, size, blocks)
                                      : algorithms::linearAllgather(rank, size, blocks);
@@ -272,7 +298,7 @@ struct VerbsBackend::Impl {
                       .bytes = totalBytes,
                       .elementSize = elementSize(out.dtype),
                       .variant = fromInput ? 1 : 0},
-                "reduce_scatter", [&](Algorithm algo) {
+                [&](Algorithm algo) {
                   return algo == Algorithm::Ring
                              ? algorithms::ringReduceScatterToOutput(rank, size, blocks, fromInput)
                              : algorithms::linearReduceScatter(rank, size, blocks);
@@ -344,9 +370,9 @@ struct VerbsBackend::Impl {
       return planFor(Shape{.type = type,
                            .algorithm = requested,
                            .bytes = sendBlocks.front().bytes * sendBlocks.size()},
-                     "alltoall", build);
+                     build);
     }
-    const Algorithm algo = choose(requested, "alltoall", 0);
+    const Algorithm algo = choose(requested, type, 0);
     return std::make_shared<const Plan>(build(algo), algo);
   }
 
@@ -382,7 +408,7 @@ struct VerbsBackend::Impl {
       op.schedule = cachedPlan(shape);
       if (!op.schedule) op.schedule = keepPlan(shape, boardPlan(bytes));
     } else {
-      op.schedule = planFor(shape, "allreduce", [&](Algorithm algo) {
+      op.schedule = planFor(shape, [&](Algorithm algo) {
         switch (algo) {
           case Algorithm::Ring:
             return algorithms::ringAllreduce(rank, size, evenBlocks(count, size, es), avg);
