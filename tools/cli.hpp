@@ -27,7 +27,7 @@ inline void addVersion(CLI::App& app) {
 // Parses argv. nullopt: go on; else the exit status (--help and --version: 0,
 // a usage error, printed with a pointer to --help: 2). With RDMACC_PARSE_ONLY=1
 // a command line that parses exits 0 at once: the documentation test
-// (tests/docs_commands.py) checks every command the docs show this way.
+// (tests/docs/commands.py) checks every command the docs show this way.
 inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);

@@ -139,8 +139,9 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
                  "register the buffers with the backend: zero-copy sends and direct receives "
                  "(as nccl-tests -R; -R alone is -R 1)")
       ->expected(0, 1)
-      ->default_str("1")
-      ->check(CLI::Range(0, 2));
+      ->default_str("1")  // what -R alone means; the help says the real default
+      ->check(CLI::Range(0, 2))
+      ->option_text("INT in [0 - 2] (default 0: off; -R alone: 1)");
   app.add_option("--buffers", a.buffers,
                  "rotate the timed iterations over K buffer sets (1: every iteration on the "
                  "result of the one before, as nccl-tests; > 1: independent collectives overlap, "

@@ -38,8 +38,9 @@ struct Args {
 std::optional<Args> parse(int argc, char** argv, int& status) {
   Args a;
   CLI::App app(
-      "Times ring, tree (and recursive doubling) allreduce, chain and tree broadcast and ring "
-      "and linear allgather (size: the gathered output) from MIN to MAX (factor 4) on this "
+      "Times every algorithm rdmacc has for allreduce, broadcast and allgather (ring, tree, "
+      "chain, linear, recursive doubling in power-of-two groups, hierarchical; allgather's "
+      "size: the gathered output) from MIN to MAX (factor 4) on this "
       "group and writes the fastest per size to FILE: use it with RDMACC_TUNE_FILE=FILE. Start "
       "it like the job it tunes: rdmacc-run -n 4 -- rdmacc-tune -o tune.txt",
       "rdmacc-tune");

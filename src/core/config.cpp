@@ -302,6 +302,10 @@ size_t parseSize(std::string_view text, std::string_view what) {
     }
     if (mult != 1) digits.remove_suffix(1);
   }
+  if (digits.empty() || digits.find_first_not_of("-0123456789") != std::string_view::npos) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{}='{}' is not a size", what, text),
+                "give a size in bytes with an optional K, M or G, e.g. 8, 64K, 16M");
+  }
   int64_t v = parseInt(digits, what);
   if (v < 0) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("{} {} is negative", what, text),
