@@ -63,6 +63,7 @@ std::string isoNow();  // ISO 8601 UTC, seconds
 struct Formation {
   double milliseconds = 0;
   double residentMiB = 0;
+  double threads = 0;  // of the process (the largest rank's)
 };
 void writeJson(const Args& args, int ranks, const Formation& formation,
                const std::vector<Row>& rows, double avgBusbw);

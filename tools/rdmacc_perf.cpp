@@ -305,12 +305,14 @@ int runWrite(const Args& args, GroupEnvironment& group, const Config& config) {
 
 // ----------------------------------------------------------- collectives --
 
-// Resident memory of this process in KiB (VmRSS), 0 when unknown.
-double residentKiB() {
+// A number of this process's /proc/self/status ("VmRSS:" in KiB,
+// "Threads:"), 0 when unknown.
+double processStatus(const char* field) {
   std::ifstream status("/proc/self/status");
   std::string line;
+  const size_t length = std::strlen(field);
   while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr);
+    if (line.compare(0, length, field) == 0) return std::strtod(line.c_str() + length, nullptr);
   }
   return 0;
 }
@@ -320,10 +322,10 @@ int runCollective(const Args& args) {
   auto backend = initFromEnvironment();
   // How long forming the group took and what a rank holds after it: the
   // slowest and largest rank's (a MAX over the ranks).
-  std::array<double, 2> formed{
+  std::array<double, 3> formed{
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - formStart)
           .count(),
-      residentKiB()};
+      processStatus("VmRSS:"), processStatus("Threads:")};
   {
     std::vector<Tensor> t{Tensor{formed.data(), formed.size(), DataType::Float64}};
     backend->allreduce(t, AllreduceOptions{.reduceOp = ReduceOp::Max})->wait();
@@ -336,9 +338,9 @@ int runCollective(const Args& args) {
     fmt::print("# rdmacc {} on {}, RDMACC_TRANSPORT={}\n", rdmacc::version(), hostName(),
                Config::load().getString("RDMACC_TRANSPORT"));
     fmt::print(
-        "# group of {} ranks formed in {:.0f} ms (slowest rank), {:.1f} MiB resident (largest "
-        "rank)\n",
-        backend->getSize(), formed[0], formed[1] / 1024);
+        "# group of {} ranks formed in {:.0f} ms (slowest rank), {:.1f} MiB resident, {:.0f} "
+        "threads (largest rank)\n",
+        backend->getSize(), formed[0], formed[1] / 1024, formed[2]);
   }
   bool reduces = args.collective == "allreduce" || args.collective == "reduce" ||
                  args.collective == "reduce_scatter";
@@ -405,7 +407,7 @@ int runCollective(const Args& args) {
       if (args.csv.empty()) std::remove(csv.c_str());
     }
     if (!args.json.empty())
-      writeJson(args, backend->getSize(), Formation{formed[0], formed[1] / 1024}, rows,
+      writeJson(args, backend->getSize(), Formation{formed[0], formed[1] / 1024, formed[2]}, rows,
                 busCount ? busSum / busCount : 0.0);
   }
   backend->barrier()->wait();
