@@ -154,6 +154,19 @@ FileStore::FileStore(std::string path, std::chrono::milliseconds timeout)
                      fmt::format("cannot open file store {}", state_->path),
                      "the directory must exist and be writable on every rank");
   }
+  // An existing file is used only when it is ours and nobody else may write
+  // it: another user could have planted it (O_CREAT opens theirs too).
+  struct stat st {};
+  if (::fstat(state_->fd.get(), &st) != 0) {
+    throw errnoError(ErrorKind::Store, "fstat", errno, state_->path);
+  }
+  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+    throw Error(ErrorKind::Store,
+                fmt::format("file store {} belongs to uid {} with mode {:o}; this process (uid "
+                            "{}) uses only a file of its own that group and others cannot write",
+                            state_->path, st.st_uid, st.st_mode & 0777, ::geteuid()),
+                "remove the file (or choose another path) and start the job again");
+  }
 }
 
 FileStore::~FileStore() = default;

@@ -389,6 +389,20 @@ TEST(FileStore, IsPrivateToItsUserAndRefusesASymlink) {
   std::filesystem::create_symlink(path, link);
   EXPECT_THROW(FileStore(link, 2s), Error);
   std::filesystem::remove(link);
+  // docs/security.md: a file others may write (planted, or loosened) is refused
+  // naming it, and so is one of another user.
+  ASSERT_EQ(::chmod(path.c_str(), 0666), 0);
+  try {
+    FileStore planted(path, 2s);
+    ADD_FAILURE() << "a world-writable file store was used";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  if (::geteuid() == 0) {  // CI runs as root: it can plant a file of another user
+    ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
+    EXPECT_THROW(FileStore(path, 2s), Error);
+  }
   std::filesystem::remove(path);
 }
 
