@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+#include "src/bootstrap/pmix.hpp"
 #include "src/store/auth.hpp"
 
 namespace rdmacc {
@@ -47,7 +49,9 @@ std::vector<std::string> launcherVariables() {
                                     "SLURM_PROCID",
                                     "SLURM_NTASKS",
                                     "SLURM_LOCALID",
-                                    "SLURM_JOB_ID"};
+                                    "SLURM_JOB_ID",
+                                    "PMIX_NAMESPACE",
+                                    "PMIX_RANK"};
   std::vector<std::string> out;
   for (const char* name : kNames) {
     if (const char* value = env(name)) out.push_back(fmt::format("{}={}", name, value));
@@ -120,7 +124,111 @@ int localRankFromEnvironment() {
   return envInt(s->localRank, 0, 1 << 20);
 }
 
+namespace {
+
+// Whether to bootstrap through PMIx (RDMACC_BOOTSTRAP). torchrun's and
+// rdmacc-run's RANK/WORLD_SIZE win under auto: a torchrun inside an srun step
+// inherits PMIX_* variables that describe srun's tasks, not torchrun's.
+bool usePmix(const Config& config) {
+  const std::string& mode = config.getString("RDMACC_BOOTSTRAP");
+  if (mode == "env") return false;
+  if (mode == "pmix") {
+    if (!pmix::launched()) {
+      throw Error(ErrorKind::InvalidArgument,
+                  "RDMACC_BOOTSTRAP=pmix but no PMIx server started this process "
+                  "(PMIX_NAMESPACE/PMIX_RANK are not set)",
+                  "launch with `srun --mpi=pmix` or Open MPI's mpirun, or set "
+                  "RDMACC_BOOTSTRAP=auto");
+    }
+    return true;  // pmix::job() names a build without PMIx
+  }
+  if (!pmix::launched() || env("RANK") != nullptr) return false;
+  if (!pmix::compiledIn()) {
+    log(LogLevel::Info,
+        "a PMIx launcher started this process but rdmacc was built without libpmix-dev: "
+        "using the launcher's environment and MASTER_ADDR/MASTER_PORT");
+    return false;
+  }
+  return true;
+}
+
+const char* pmixLauncher() {
+  if (env("SLURM_STEP_ID") != nullptr) return "srun (PMIx)";
+  if (env("OMPI_COMM_WORLD_RANK") != nullptr) return "mpirun (PMIx)";
+  return "PMIx";
+}
+
+// Rank 0 hosts the store on a port of its own choosing and the others learn
+// where through one PMIx fence: no MASTER_ADDR or MASTER_PORT to agree on.
+// On one node it listens on loopback only; else on MASTER_ADDR if the user
+// set it, or on this host's name.
+GroupEnvironment groupFromPmix(const Config& config) {
+  const pmix::Job& job = pmix::job();
+  GroupEnvironment g;
+  g.launcher = pmixLauncher();
+  g.rank = job.rank;
+  g.size = job.size;
+  g.localRank = job.localRank;
+  const auto timeout = config.getDuration("RDMACC_STORE_TIMEOUT");
+  if (g.size == 1) {
+    g.store = std::make_shared<HashStore>(timeout);
+    return g;
+  }
+  const TCPStoreOptions options{.isServer = g.rank == 0,
+                                .timeout = timeout,
+                                .connectTimeout = timeout,
+                                .authKey = authKey(config),
+                                .serverLimits = storeServerLimits(config)};
+  std::shared_ptr<TCPStore> store;
+  std::string storeHost;
+  Bytes mine;
+  if (g.rank == 0) {
+    storeHost = env("MASTER_ADDR") != nullptr ? env("MASTER_ADDR")
+                : job.localSize == job.size   ? "127.0.0.1"
+                                              : hostName();
+    const auto port = static_cast<uint16_t>(config.getInt("RDMACC_STORE_PORT"));
+    store = std::make_shared<TCPStore>(storeHost, port, options);
+    mine = toBytes(fmt::format("{}\n{}", storeHost, store->port()));
+  }
+  const Bytes root = pmix::allGather("rdmacc.store", mine, {0}, timeout).at(0);
+  if (g.rank != 0) {
+    const std::string text = toString(root);
+    const auto newline = text.find('\n');
+    if (newline == std::string::npos || newline == 0 || text.size() > 300) {
+      throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                            .message = fmt::format("rank 0 published a malformed store address "
+                                                   "through PMIx ({} bytes)",
+                                                   text.size()),
+                            .peerRank = 0});
+    }
+    const std::string port = text.substr(newline + 1);
+    int64_t number = parseInt(port.c_str(), "rank 0's store port");
+    if (number < 1 || number > 65535) {
+      throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                            .message = fmt::format("rank 0 published store port {}", number),
+                            .peerRank = 0});
+    }
+    storeHost = text.substr(0, newline);
+    store = std::make_shared<TCPStore>(storeHost, static_cast<uint16_t>(number), options);
+  }
+  log(LogLevel::Info, "rank {} of {} (local rank {}) bootstrapped through PMIx, {}; store at {}:{}",
+      g.rank, g.size, g.localRank, g.launcher, storeHost, store->port());
+  g.store = std::move(store);
+  return g;
+}
+
+// The fix for a launch without a store address: PMIx when this build has it.
+std::string pmixHint(const char* pmix, const char* otherwise) {
+  if (!pmix::compiledIn()) {
+    return fmt::format("{} (a build with libpmix-dev needs none of it: {})", otherwise, pmix);
+  }
+  return fmt::format("{}, and rdmacc needs no MASTER_ADDR; or {}", pmix, otherwise);
+}
+
+}  // namespace
+
 GroupEnvironment groupFromEnvironment(const Config& config) {
+  if (usePmix(config)) return groupFromPmix(config);
   GroupEnvironment g;
   const Scheme* found = launcherScheme();
   if (found == nullptr) {
@@ -151,12 +259,15 @@ GroupEnvironment groupFromEnvironment(const Config& config) {
         fmt::format("{} ranks need a rendezvous store, but MASTER_ADDR/MASTER_PORT are not set",
                     g.size),
         std::string_view(g.launcher) == "mpirun"
-            ? "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> and pass them to "
-              "the ranks: Open MPI forwards only OMPI_* variables (mpirun -x MASTER_ADDR -x "
-              "MASTER_PORT ...); see docs/multi-node.md"
+            ? pmixHint("Open MPI's mpirun starts ranks through PMIx",
+                       "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> and pass "
+                       "them to the ranks: Open MPI forwards only OMPI_* variables (mpirun -x "
+                       "MASTER_ADDR -x MASTER_PORT ...); see docs/multi-node.md")
         : std::string_view(g.launcher) == "srun"
-            ? "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) "
-              "MASTER_PORT=<free TCP port> before srun; see docs/multi-node.md"
+            ? pmixHint("launch with `srun --mpi=pmix` (or MpiDefault=pmix in slurm.conf)",
+                       "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" "
+                       "| head -n 1) MASTER_PORT=<free TCP port> before srun; see "
+                       "docs/multi-node.md")
             : "export MASTER_ADDR=<host of rank 0> MASTER_PORT=<free TCP port> (torchrun and "
               "rdmacc-run set them for you); see docs/multi-node.md");
   }

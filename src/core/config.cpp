@@ -121,10 +121,12 @@ constexpr std::array kOptions = {
     "default timeout of a collective (c10d's default is 30 minutes)", 0, 0},
   OptionSpec{"RDMACC_STORE_MEMORY", Int, "1073741824", "bytes",
     "what the TCP store server (rank 0 or the launcher) holds at most in keys and values, all clients together, and again in replies not yet sent; a set past it fails for that client", 16 << 20, int64_t{1} << 40},
+  OptionSpec{"RDMACC_BOOTSTRAP", String, "auto", "",
+    "where rank, size and the rendezvous come from: auto (PMIx when a PMIx launcher such as srun --mpi=pmix or mpirun started the process and rdmacc was built with libpmix-dev, else the launcher's environment), pmix (PMIx or an error), env (RANK/OMPI_*/SLURM_* variables and MASTER_ADDR:MASTER_PORT)", 0, 0},
   OptionSpec{"RDMACC_AGENT_STORE", Bool, "0", "",
     "the launcher hosts the TCP store at MASTER_ADDR:MASTER_PORT (rdmacc-run sets it); else rank 0 hosts it", 0, 0},
   OptionSpec{"RDMACC_STORE_PORT", Int, "0", "",
-    "port of the launcher's store when RDMACC_AGENT_STORE=1; 0: MASTER_PORT (rdmacc-run sets it, leaving MASTER_PORT to torch.distributed)", 0, 65535},
+    "port of the launcher's store when RDMACC_AGENT_STORE=1 (0: MASTER_PORT; rdmacc-run sets it, leaving MASTER_PORT to torch.distributed), or of rank 0's store under PMIx (0: a free port)", 0, 65535},
   OptionSpec{"RDMACC_AUTH_KEY", String, "", "",
     "shared secret of the job: store clients must prove they hold it (challenge-response, HMAC-SHA256) and the secret that rdma_cm connect requests prove (never send) is derived from it; empty: no authentication (see docs/security.md)", 0, 0, true},
   OptionSpec{"RDMACC_AUTH_KEY_FILE", String, "", "",
@@ -190,6 +192,11 @@ void validate(const OptionSpec& spec, const std::string& text) {
         throw Error(ErrorKind::InvalidArgument,
                     fmt::format("RDMACC_TRANSPORT='{}' is not auto, rdma or shm", text),
                     "set RDMACC_TRANSPORT to auto (the default), rdma or shm");
+      }
+      if (spec.name == "RDMACC_BOOTSTRAP" && text != "auto" && text != "pmix" && text != "env") {
+        throw Error(ErrorKind::InvalidArgument,
+                    fmt::format("RDMACC_BOOTSTRAP='{}' is not auto, pmix or env", text),
+                    "set RDMACC_BOOTSTRAP to auto (the default), pmix or env");
       }
       if (spec.name == "RDMACC_SPIN_YIELD" && text != "auto" && text != "0" && text != "1") {
         throw Error(ErrorKind::InvalidArgument,

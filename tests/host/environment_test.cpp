@@ -19,7 +19,7 @@ class LauncherEnvironment : public ::testing::Test {
     for (const char* name :
          {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
           "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_ID",
-          "MASTER_ADDR", "MASTER_PORT"}) {
+          "MASTER_ADDR", "MASTER_PORT", "PMIX_NAMESPACE", "PMIX_RANK", "RDMACC_BOOTSTRAP"}) {
       ::unsetenv(name);
     }
   }
@@ -64,6 +64,43 @@ TEST_F(LauncherEnvironment, AnSrunTaskGoesOnToTheStore) {
   GroupEnvironment g = groupFromEnvironment(Config::load());
   EXPECT_EQ(g.size, 1);
   EXPECT_EQ(g.launcher, "srun");
+}
+
+// RDMACC_BOOTSTRAP=pmix is a promise that a PMIx launcher started the rank:
+// without one the rank says so at once instead of falling back to variables.
+TEST_F(LauncherEnvironment, PmixRequiredWithoutAPmixLauncherIsAnError) {
+  ::setenv("RDMACC_BOOTSTRAP", "pmix", 1);
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  const std::string e = error();
+  EXPECT_NE(e.find("RDMACC_BOOTSTRAP=pmix but no PMIx server started this process"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("srun --mpi=pmix"), std::string::npos) << e;
+  ::setenv("RDMACC_BOOTSTRAP", "pmi", 1);
+  EXPECT_NE(error().find("RDMACC_BOOTSTRAP='pmi' is not auto, pmix or env"), std::string::npos)
+      << error();
+}
+
+// torchrun inside an srun step inherits srun's PMIX_* variables, which
+// describe srun's tasks: RANK/WORLD_SIZE (torchrun's) win under auto, and
+// RDMACC_BOOTSTRAP=env ignores PMIx outright. Both paths then need
+// MASTER_ADDR, which proves neither went to PMIx (no server here).
+TEST_F(LauncherEnvironment, TorchrunsRankWinsOverInheritedPmixVariables) {
+  ::setenv("PMIX_NAMESPACE", "slurm.pmix.7.0", 1);
+  ::setenv("PMIX_RANK", "0", 1);
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  EXPECT_NE(error().find("MASTER_ADDR/MASTER_PORT are not set"), std::string::npos) << error();
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  ::setenv("RDMACC_BOOTSTRAP", "env", 1);
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  const std::string e = error();
+  EXPECT_NE(e.find("MASTER_ADDR/MASTER_PORT are not set"), std::string::npos) << e;
+  EXPECT_NE(e.find("Open MPI's mpirun starts ranks through PMIx"), std::string::npos) << e;
 }
 
 }  // namespace

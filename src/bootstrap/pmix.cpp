@@ -1,0 +1,214 @@
+#include "src/bootstrap/pmix.hpp"
+
+#include <cstdlib>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
+
+#ifdef RDMACC_HAVE_PMIX
+#include <pmix.h>
+#endif
+
+namespace rdmacc::pmix {
+
+bool launched() {
+  const char* ns = std::getenv("PMIX_NAMESPACE");
+  const char* rank = std::getenv("PMIX_RANK");
+  return ns != nullptr && *ns != '\0' && rank != nullptr && *rank != '\0';
+}
+
+#ifndef RDMACC_HAVE_PMIX
+
+bool compiledIn() {
+  return false;
+}
+
+const Job& job() {
+  throw Error(ErrorKind::InvalidArgument, "rdmacc was built without PMIx",
+              "install libpmix-dev (tools/install-deps does) and rebuild, or set "
+              "RDMACC_BOOTSTRAP=env and pass MASTER_ADDR/MASTER_PORT to the ranks");
+}
+
+std::vector<Bytes> allGather(const std::string&, const Bytes&, const std::vector<int>&,
+                             std::chrono::milliseconds) {
+  job();
+  return {};
+}
+
+#else
+
+bool compiledIn() {
+  return true;
+}
+
+namespace {
+
+[[noreturn]] void fail(const char* call, pmix_status_t status, const std::string& what) {
+  const ErrorKind kind = status == PMIX_ERR_TIMEOUT ? ErrorKind::Timeout : ErrorKind::Store;
+  throw Error(kind,
+              fmt::format("{} failed{}: {} ({})", call, what, PMIx_Error_string(status), status),
+              "the PMIx server is the launcher's (srun --mpi=pmix, mpirun): check that every "
+              "rank was started by it and is alive, or set RDMACC_BOOTSTRAP=env");
+}
+
+// Finalised by the destructor of the function-local static at exit.
+class Client {
+ public:
+  Client() {
+    pmix_status_t rc = PMIx_Init(&self_, nullptr, 0);
+    if (rc != PMIX_SUCCESS) fail("PMIx_Init", rc, "");
+    job_.nspace = self_.nspace;
+    job_.rank = static_cast<int>(self_.rank);
+    pmix_proc_t all;
+    PMIX_LOAD_PROCID(&all, self_.nspace, PMIX_RANK_WILDCARD);
+    job_.size = static_cast<int>(number(all, PMIX_JOB_SIZE));
+    job_.localSize = static_cast<int>(number(all, PMIX_LOCAL_SIZE));
+    job_.localRank = static_cast<int>(number(self_, PMIX_LOCAL_RANK));
+    if (job_.size < 1 || job_.rank < 0 || job_.rank >= job_.size || job_.localRank < 0 ||
+        job_.localSize < 1 || job_.localRank >= job_.localSize) {
+      throw Error(ErrorKind::Protocol,
+                  fmt::format("PMIx reports rank {} of {}, local rank {} of {}: inconsistent",
+                              job_.rank, job_.size, job_.localRank, job_.localSize));
+    }
+    log(LogLevel::Debug, "PMIx: namespace {} rank {}/{} local rank {}/{}", job_.nspace, job_.rank,
+        job_.size, job_.localRank, job_.localSize);
+  }
+  ~Client() { PMIx_Finalize(nullptr, 0); }
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const Job& job() const { return job_; }
+  const pmix_proc_t& self() const { return self_; }
+  std::mutex& mutex() { return mutex_; }
+
+ private:
+  // A job-level number; the servers differ in the integer type they use.
+  static uint64_t number(const pmix_proc_t& proc, const char* key) {
+    pmix_value_t* v = nullptr;
+    pmix_status_t rc = PMIx_Get(&proc, key, nullptr, 0, &v);
+    if (rc != PMIX_SUCCESS || v == nullptr) fail("PMIx_Get", rc, fmt::format(" of {}", key));
+    uint64_t out = 0;
+    bool ok = true;
+    switch (v->type) {
+      case PMIX_UINT32:
+        out = v->data.uint32;
+        break;
+      case PMIX_UINT16:
+        out = v->data.uint16;
+        break;
+      case PMIX_UINT64:
+        out = v->data.uint64;
+        break;
+      case PMIX_UINT8:
+        out = v->data.uint8;
+        break;
+      case PMIX_PROC_RANK:
+        out = v->data.rank;
+        break;
+      case PMIX_INT:
+        ok = v->data.integer >= 0;
+        out = static_cast<uint64_t>(v->data.integer);
+        break;
+      default:
+        ok = false;
+    }
+    const int type = v->type;
+    PMIX_VALUE_RELEASE(v);
+    if (!ok || out > (uint64_t{1} << 24)) {
+      throw Error(ErrorKind::Protocol,
+                  fmt::format("PMIx returned {} with type {} or out of range", key, type));
+    }
+    return out;
+  }
+
+  pmix_proc_t self_{};
+  Job job_;
+  std::mutex mutex_;
+};
+
+Client& client() {
+  static Client c;
+  return c;
+}
+
+}  // namespace
+
+const Job& job() {
+  return client().job();
+}
+
+std::vector<Bytes> allGather(const std::string& key, const Bytes& mine,
+                             const std::vector<int>& wanted, std::chrono::milliseconds timeout) {
+  Client& c = client();
+  std::lock_guard lock(c.mutex());
+  if (key.size() >= PMIX_MAX_KEYLEN) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("PMIx key '{}' is too long", key));
+  }
+  pmix_value_t value;
+  PMIX_VALUE_CONSTRUCT(&value);
+  value.type = PMIX_BYTE_OBJECT;
+  // PMIx_Put copies the bytes; `value` is not destructed (it does not own them).
+  value.data.bo.bytes = reinterpret_cast<char*>(const_cast<uint8_t*>(mine.data()));
+  value.data.bo.size = mine.size();
+  if (pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key.c_str(), &value); rc != PMIX_SUCCESS) {
+    fail("PMIx_Put", rc, fmt::format(" of {}", key));
+  }
+  if (pmix_status_t rc = PMIx_Commit(); rc != PMIX_SUCCESS) fail("PMIx_Commit", rc, "");
+
+  pmix_proc_t all;
+  PMIX_LOAD_PROCID(&all, c.job().nspace.c_str(), PMIX_RANK_WILDCARD);
+  pmix_info_t info[2];
+  PMIX_INFO_CONSTRUCT(&info[0]);
+  PMIX_INFO_CONSTRUCT(&info[1]);
+  bool collect = true;
+  PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+  // Whole seconds, at least one.
+  int seconds = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(INT32_MAX, std::chrono::ceil<std::chrono::seconds>(timeout).count())));
+  PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
+  pmix_status_t rc = PMIx_Fence(&all, 1, info, 2);
+  PMIX_INFO_DESTRUCT(&info[0]);
+  PMIX_INFO_DESTRUCT(&info[1]);
+  if (rc != PMIX_SUCCESS) {
+    fail("PMIx_Fence", rc,
+         fmt::format(" exchanging '{}' among {} ranks within {}s", key, c.job().size, seconds));
+  }
+
+  std::vector<Bytes> out;
+  out.reserve(wanted.size());
+  for (int rank : wanted) {
+    if (rank < 0 || rank >= c.job().size) {
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("rank {} is outside the PMIx job of {}", rank, c.job().size));
+    }
+    pmix_proc_t peer;
+    PMIX_LOAD_PROCID(&peer, c.job().nspace.c_str(), static_cast<pmix_rank_t>(rank));
+    pmix_value_t* v = nullptr;
+    rc = PMIx_Get(&peer, key.c_str(), nullptr, 0, &v);
+    if (rc != PMIX_SUCCESS || v == nullptr) {
+      throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                            .message = fmt::format("rank {} published no '{}' through PMIx: {}",
+                                                   rank, key, PMIx_Error_string(rc)),
+                            .peerRank = rank});
+    }
+    if (v->type != PMIX_BYTE_OBJECT) {
+      const int type = v->type;
+      PMIX_VALUE_RELEASE(v);
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank {}'s '{}' has PMIx type {}, not bytes", rank, key, type),
+          .peerRank = rank});
+    }
+    const auto* bytes = reinterpret_cast<const uint8_t*>(v->data.bo.bytes);
+    out.emplace_back(bytes, bytes + v->data.bo.size);
+    PMIX_VALUE_RELEASE(v);
+  }
+  return out;
+}
+
+#endif
+
+}  // namespace rdmacc::pmix
