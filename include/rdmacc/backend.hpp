@@ -95,6 +95,9 @@ struct VerbsBackendOptions {
   std::chrono::milliseconds timeout =
       kUseDefaultTimeout;                     // default op timeout; else RDMACC_TIMEOUT
   std::map<std::string, std::string> config;  // explicit RDMACC_* values, above the environment
+  // The launcher's exchange (initFromEnvironment sets it under PMIx). Only
+  // for a group whose ranks are the launcher's ranks; empty: the store.
+  AllGather allGather;
 };
 
 class VerbsBackend final : public Backend {

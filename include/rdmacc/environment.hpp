@@ -15,6 +15,8 @@ struct GroupEnvironment {
   int localRank = 0;     // localRankFromEnvironment()
   std::string launcher;  // "torchrun/rdmacc-run", "mpirun", "srun" or "single process"
   std::shared_ptr<Store> store;
+  // The launcher's exchange among these ranks (PMIx); empty: the store.
+  AllGather allGather;
 };
 
 // Rank and size from RANK/WORLD_SIZE (torchrun, rdmacc-run),

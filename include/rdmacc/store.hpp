@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,16 @@ using Bytes = std::vector<uint8_t>;
 
 Bytes toBytes(std::string_view text);
 std::string toString(const Bytes& bytes);
+
+// A collective exchange of records the launcher provides (PMIx's put, fence
+// and get under mpirun or srun --mpi=pmix): every rank of `participants`
+// (ranks of the group, ascending) calls it with the same key, in the same
+// order, and gets the records of `wanted` (in that order) that those ranks
+// passed as `mine`. A group formed with one exchanges its records through it
+// instead of a set and a multiGet at the store.
+using AllGather = std::function<std::vector<Bytes>(const std::string& key, const Bytes& mine,
+                                                   const std::vector<int>& participants,
+                                                   const std::vector<int>& wanted)>;
 
 // Thread-safe: every method may be called from any thread.
 class Store {
@@ -142,6 +153,10 @@ struct TCPStoreOptions {
   // it, and a server hosted here requires it. Empty: neither.
   std::string authKey;
   TCPStoreServerLimits serverLimits;  // a server hosted here
+  // Connect at the first request rather than in the constructor (where a
+  // wrong address or key would fail at once): for a store whose address
+  // came from the launcher and that formation may not need at all.
+  bool connectLazily = false;
 };
 
 // The client (and, with isServer, the server). Reconnects after a broken

@@ -7,6 +7,7 @@
 #include "src/backend/verbs_backend_impl.hpp"
 #include "src/bootstrap/host_identity.hpp"
 #include "src/engine/event_trace.hpp"
+#include "src/transport/shm/transport.hpp"
 
 namespace rdmacc {
 namespace {
@@ -106,9 +107,15 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   // (RDMACC_TRANSPORT=auto); the mesh only when some peer needs RDMA.
   const std::string& transport = s.config.getString("RDMACC_TRANSPORT");
   const int railCount = static_cast<int>(s.config.getInt("RDMACC_IB_RAILS"));
-  s.hosts = algorithms::Hosts(hostNumbers(
-      *s.store, options.groupName, rank, size, hostIdentity(s.config.getString("RDMACC_HOST_ID")),
-      fmt::format("RDMACC_TRANSPORT={} RDMACC_IB_RAILS={}", transport, railCount)));
+  // The shared-memory segment's name is drawn now and travels with the host
+  // record: one exchange for both.
+  const std::string segment = newSegmentName();
+  std::vector<std::string> shmRecords;
+  s.hosts = algorithms::Hosts(
+      hostNumbers(*s.store, options.allGather, options.groupName, rank, size,
+                  hostIdentity(s.config.getString("RDMACC_HOST_ID")),
+                  fmt::format("RDMACC_TRANSPORT={} RDMACC_IB_RAILS={}", transport, railCount),
+                  fmt::format("{}:{}", segment, ::getpid()), &shmRecords));
   std::vector<bool> shm(static_cast<size_t>(size), false);
   std::vector<int> remote;
   for (int peer = 0; peer < size; ++peer) {
@@ -179,6 +186,10 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
               .rank = rank,
               .size = size,
               .sharedMemoryPeers = shm,
+              .allGather = options.allGather,
+              .connectTimeout = s.config.getDuration("RDMACC_CONNECT_TIMEOUT"),
+              .shmSegment = segment,
+              .shmRecords = shmRecords,
               .slotsPerPeer = static_cast<int>(s.config.getInt("RDMACC_SLOTS_PER_PEER")),
               .slotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SLOT_BYTES")),
               .registrations = registrations,
@@ -366,6 +377,7 @@ std::shared_ptr<VerbsBackend> initFromEnvironment(VerbsBackend::Options options)
   Config config = Config::load(options.config);
   GroupEnvironment env = groupFromEnvironment(config);
   setLogPrefix(fmt::format("rank {}", env.rank));
+  if (!options.allGather) options.allGather = env.allGather;
   return std::make_shared<VerbsBackend>(env.store, env.rank, env.size, std::move(options));
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <numeric>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -178,7 +179,8 @@ GroupEnvironment groupFromPmix(const Config& config) {
                                 .timeout = timeout,
                                 .connectTimeout = timeout,
                                 .authKey = authKey(config),
-                                .serverLimits = storeServerLimits(config)};
+                                .serverLimits = storeServerLimits(config),
+                                .connectLazily = true};
   std::shared_ptr<TCPStore> store;
   std::string storeHost;
   Bytes mine;
@@ -190,7 +192,9 @@ GroupEnvironment groupFromPmix(const Config& config) {
     store = std::make_shared<TCPStore>(storeHost, port, options);
     mine = toBytes(fmt::format("{}\n{}", storeHost, store->port()));
   }
-  const Bytes root = pmix::allGather("rdmacc.store", mine, {0}, timeout).at(0);
+  std::vector<int> everyone(static_cast<size_t>(g.size));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  const Bytes root = pmix::allGather("rdmacc.store", mine, everyone, {0}, timeout).at(0);
   if (g.rank != 0) {
     const std::string text = toString(root);
     const auto newline = text.find('\n');
@@ -214,6 +218,12 @@ GroupEnvironment groupFromPmix(const Config& config) {
   log(LogLevel::Info, "rank {} of {} (local rank {}) bootstrapped through PMIx, {}; store at {}:{}",
       g.rank, g.size, g.localRank, g.launcher, storeHost, store->port());
   g.store = std::move(store);
+  // Formation's records through fences too (host identities, slot tables,
+  // shared-memory segments), within the store's timeout.
+  g.allGather = [timeout](const std::string& key, const Bytes& record,
+                          const std::vector<int>& participants, const std::vector<int>& wanted) {
+    return pmix::allGather(key, record, participants, wanted, timeout);
+  };
   return g;
 }
 

@@ -43,20 +43,26 @@ std::string hostIdentity(const std::string& override) {
                      link("/proc/self/ns/pid"));
 }
 
-std::vector<int> hostNumbers(Store& store, const std::string& group, int rank, int size,
-                             const std::string& identity, const std::string& agreed) {
-  PrefixStore hosts("rdmacc/host/" + group, std::shared_ptr<Store>(&store, [](Store*) {}));
+std::vector<int> hostNumbers(Store& store, const AllGather& allGather, const std::string& group,
+                             int rank, int size, const std::string& identity,
+                             const std::string& agreed, const std::string& shared,
+                             std::vector<std::string>* sharedRecords) {
   // Line 1: what this rank speaks (the versions a mismatch error names);
-  // line 2: the settings every rank must share; the rest: its host identity.
+  // line 2: the settings every rank must share; line 3: its shared-memory
+  // record (one record per rank for both: 2N store requests, not 4N); the
+  // rest: its host identity.
   const std::string mine = fmt::format("rdmacc {} protocol {}", version(), handshake::kVersion);
-  hosts.set(fmt::format("{}", rank), toBytes(mine + "\n" + agreed + "\n" + identity));
   std::vector<std::string> identities(static_cast<size_t>(size));
-  // Every peer's record in one request (O(N) requests per group, not N x N).
-  std::vector<std::string> keys;
+  // Every peer's record at once (O(N) requests per group, not N x N).
+  std::vector<int> everyone, peers;
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) keys.push_back(fmt::format("{}", peer));
+    everyone.push_back(peer);
+    if (peer != rank) peers.push_back(peer);
   }
-  const std::vector<Bytes> records = hosts.multiGet(keys);
+  const std::vector<Bytes> records = exchangeRecords(
+      store, allGather, "rdmacc/host/" + group, rank,
+      toBytes(mine + "\n" + agreed + "\n" + shared + "\n" + identity), everyone, peers);
+  if (sharedRecords != nullptr) sharedRecords->assign(static_cast<size_t>(size), shared);
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) {
       identities[static_cast<size_t>(peer)] = identity;
@@ -101,7 +107,18 @@ std::vector<int> hostNumbers(Store& store, const std::string& group, int rank, i
           .peerRank = peer,
           .hint = "set these the same on every rank (or leave them at their defaults)"});
     }
-    identities[static_cast<size_t>(peer)] = text.substr(second + 1);
+    const auto third = text.find('\n', second + 1);
+    if (third == std::string::npos || third - second - 1 > 128) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message =
+              fmt::format("rank {} published a host record without a shared-memory line", peer),
+          .peerRank = peer});
+    }
+    if (sharedRecords != nullptr) {
+      (*sharedRecords)[static_cast<size_t>(peer)] = text.substr(second + 1, third - second - 1);
+    }
+    identities[static_cast<size_t>(peer)] = text.substr(third + 1);
   }
   std::vector<int> number(static_cast<size_t>(size));
   std::map<std::string_view, int> seen;

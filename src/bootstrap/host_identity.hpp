@@ -1,8 +1,8 @@
 // Which ranks of a group share a host, in the sense that matters for shared
 // memory: the same running kernel (boot id), the same mount namespace
 // (/dev/shm), network namespace (the abstract wake-up sockets) and pid
-// namespace (watching a peer's process). Decided through the store: every
-// rank publishes its identity and reads the others'.
+// namespace (watching a peer's process). Every rank publishes its identity
+// and reads the others' (through the launcher's exchange, or the store).
 #pragma once
 
 #include <string>
@@ -26,7 +26,12 @@ std::string hostIdentity(const std::string& override);
 // under the group's name and waits for every rank's; throws Error(Protocol)
 // naming a rank whose protocol differs (both versions in the message) and
 // Error(InvalidArgument) naming a rank whose settings differ.
-std::vector<int> hostNumbers(Store& store, const std::string& group, int rank, int size,
-                             const std::string& identity, const std::string& agreed);
+// `allGather`: the launcher's exchange (PMIx), or empty for the store's.
+// `shared` travels with the record (this rank's shared-memory "name:pid");
+// `sharedRecords`, unless null, receives every rank's, by rank.
+std::vector<int> hostNumbers(Store& store, const AllGather& allGather, const std::string& group,
+                             int rank, int size, const std::string& identity,
+                             const std::string& agreed, const std::string& shared = {},
+                             std::vector<std::string>* sharedRecords = nullptr);
 
 }  // namespace rdmacc

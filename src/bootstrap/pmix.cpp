@@ -33,7 +33,7 @@ const Job& job() {
 }
 
 std::vector<Bytes> allGather(const std::string&, const Bytes&, const std::vector<int>&,
-                             std::chrono::milliseconds) {
+                             const std::vector<int>&, std::chrono::milliseconds) {
   job();
   return {};
 }
@@ -58,6 +58,7 @@ namespace {
 class Client {
  public:
   Client() {
+    const auto start = std::chrono::steady_clock::now();
     pmix_status_t rc = PMIx_Init(&self_, nullptr, 0);
     if (rc != PMIX_SUCCESS) fail("PMIx_Init", rc, "");
     job_.nspace = self_.nspace;
@@ -73,8 +74,9 @@ class Client {
                   fmt::format("PMIx reports rank {} of {}, local rank {} of {}: inconsistent",
                               job_.rank, job_.size, job_.localRank, job_.localSize));
     }
-    log(LogLevel::Debug, "PMIx: namespace {} rank {}/{} local rank {}/{}", job_.nspace, job_.rank,
-        job_.size, job_.localRank, job_.localSize);
+    log(LogLevel::Debug, "PMIx: namespace {} rank {}/{} local rank {}/{} in {:.1f} ms", job_.nspace,
+        job_.rank, job_.size, job_.localRank, job_.localSize,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
   ~Client() { PMIx_Finalize(nullptr, 0); }
   Client(const Client&) = delete;
@@ -141,7 +143,8 @@ const Job& job() {
 }
 
 std::vector<Bytes> allGather(const std::string& key, const Bytes& mine,
-                             const std::vector<int>& wanted, std::chrono::milliseconds timeout) {
+                             const std::vector<int>& participants, const std::vector<int>& wanted,
+                             std::chrono::milliseconds timeout) {
   Client& c = client();
   std::lock_guard lock(c.mutex());
   if (key.size() >= PMIX_MAX_KEYLEN) {
@@ -158,8 +161,22 @@ std::vector<Bytes> allGather(const std::string& key, const Bytes& mine,
   }
   if (pmix_status_t rc = PMIx_Commit(); rc != PMIX_SUCCESS) fail("PMIx_Commit", rc, "");
 
-  pmix_proc_t all;
-  PMIX_LOAD_PROCID(&all, c.job().nspace.c_str(), PMIX_RANK_WILDCARD);
+  // The whole namespace as its wildcard (what servers optimise), else the
+  // participants by name.
+  std::vector<pmix_proc_t> procs;
+  if (participants.size() == static_cast<size_t>(c.job().size)) {
+    procs.resize(1);
+    PMIX_LOAD_PROCID(&procs[0], c.job().nspace.c_str(), PMIX_RANK_WILDCARD);
+  } else {
+    for (int rank : participants) {
+      if (rank < 0 || rank >= c.job().size) {
+        throw Error(ErrorKind::InvalidArgument,
+                    fmt::format("rank {} is outside the PMIx job of {}", rank, c.job().size));
+      }
+      procs.emplace_back();
+      PMIX_LOAD_PROCID(&procs.back(), c.job().nspace.c_str(), static_cast<pmix_rank_t>(rank));
+    }
+  }
   pmix_info_t info[2];
   PMIX_INFO_CONSTRUCT(&info[0]);
   PMIX_INFO_CONSTRUCT(&info[1]);
@@ -169,12 +186,16 @@ std::vector<Bytes> allGather(const std::string& key, const Bytes& mine,
   int seconds = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(INT32_MAX, std::chrono::ceil<std::chrono::seconds>(timeout).count())));
   PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
-  pmix_status_t rc = PMIx_Fence(&all, 1, info, 2);
+  const auto start = std::chrono::steady_clock::now();
+  pmix_status_t rc = PMIx_Fence(procs.data(), procs.size(), info, 2);
+  log(LogLevel::Debug, "PMIx: fence '{}' over {} ranks in {:.1f} ms", key, participants.size(),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   PMIX_INFO_DESTRUCT(&info[0]);
   PMIX_INFO_DESTRUCT(&info[1]);
   if (rc != PMIX_SUCCESS) {
     fail("PMIx_Fence", rc,
-         fmt::format(" exchanging '{}' among {} ranks within {}s", key, c.job().size, seconds));
+         fmt::format(" exchanging '{}' among {} ranks within {}s", key, participants.size(),
+                     seconds));
   }
 
   std::vector<Bytes> out;

@@ -33,11 +33,13 @@ struct Job {
 // Error(Store) naming the PMIx status when the server refuses.
 const Job& job();
 
-// Every rank calls it with the same key, in the same order: puts this rank's
-// value, one fence over the namespace collects all, and the values are read
-// locally. Returns the values of `wanted` ranks. Fails with Error(Timeout)
-// after `timeout` if the fence does not complete (a rank that never calls).
+// Every rank of `participants` calls it with the same key, in the same
+// order: puts this rank's value, one fence over those ranks collects them,
+// and the values are read locally. Returns the values of `wanted` ranks.
+// Fails with Error(Timeout) after `timeout` if the fence does not complete
+// (a rank that never calls).
 std::vector<Bytes> allGather(const std::string& key, const Bytes& mine,
-                             const std::vector<int>& wanted, std::chrono::milliseconds timeout);
+                             const std::vector<int>& participants, const std::vector<int>& wanted,
+                             std::chrono::milliseconds timeout);
 
 }  // namespace rdmacc::pmix

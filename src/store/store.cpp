@@ -74,6 +74,27 @@ uint64_t storeNumber(const Bytes& value, uint64_t max, const std::string& key) {
   return storeNumber(toString(value), max, key);
 }
 
+std::vector<Bytes> exchangeRecords(Store& store, const AllGather& allGather,
+                                   const std::string& prefix, int rank, const Bytes& mine,
+                                   const std::vector<int>& participants,
+                                   const std::vector<int>& wanted) {
+  if (allGather) {
+    std::vector<Bytes> records = allGather(prefix, mine, participants, wanted);
+    if (records.size() != wanted.size()) {
+      throw Error(ErrorKind::Internal,
+                  fmt::format("the launcher's exchange of '{}' returned {} records for {} ranks",
+                              prefix, records.size(), wanted.size()));
+    }
+    return records;
+  }
+  PrefixStore group(prefix, std::shared_ptr<Store>(&store, [](Store*) {}));
+  group.set(fmt::format("{}", rank), mine);
+  std::vector<std::string> keys;
+  keys.reserve(wanted.size());
+  for (int peer : wanted) keys.push_back(fmt::format("{}", peer));
+  return group.multiGet(keys);
+}
+
 std::vector<std::string_view> splitFields(std::string_view text, char separator) {
   std::vector<std::string_view> fields;
   for (size_t at = 0;;) {

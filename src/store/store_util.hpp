@@ -26,6 +26,14 @@ int64_t counterAdd(const Bytes* current, int64_t delta, const std::string& key);
 // it is all digits and at most `max`.
 uint64_t storeNumber(std::string_view text, uint64_t max, const std::string& key);
 uint64_t storeNumber(const Bytes& value, uint64_t max, const std::string& key);
+// Publishes `mine` as this rank's record under `prefix` and returns the
+// records of `wanted` (in order): through `allGather` when there is one
+// (every rank of `participants` calls this with the same prefix), else
+// through the store, a set of prefix/<rank> and one multiGet.
+std::vector<Bytes> exchangeRecords(Store& store, const AllGather& allGather,
+                                   const std::string& prefix, int rank, const Bytes& mine,
+                                   const std::vector<int>& participants,
+                                   const std::vector<int>& wanted);
 // The fields of a value another rank published ("a:b:c"), empty ones included.
 std::vector<std::string_view> splitFields(std::string_view text, char separator);
 

@@ -262,7 +262,9 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
     state_->port = state_->server->port();
   }
   // Connect now: a wrong address or key fails here, not at the first call.
-  state_->giveBack(state_->connect(deadlineAfter(options.connectTimeout)));
+  if (!options.connectLazily) {
+    state_->giveBack(state_->connect(deadlineAfter(options.connectTimeout)));
+  }
 }
 
 TCPStore::~TCPStore() = default;

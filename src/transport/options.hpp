@@ -5,9 +5,12 @@
 // engine any Transport.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <vector>
+
+#include "rdmacc/store.hpp"
 
 namespace rdmacc {
 
@@ -20,6 +23,17 @@ struct TransportOptions {
   // By rank: the peers reached through shared memory (transport/shm/);
   // the others through the RDMA rails. Empty: every peer through RDMA.
   std::vector<bool> sharedMemoryPeers;
+  // The launcher's exchange for the records of formation (slot tables,
+  // shared-memory segments); empty: the store's set and multiGet.
+  AllGather allGather;
+  // How long formation waits for a peer (RDMACC_CONNECT_TIMEOUT): e.g. for
+  // every local peer to map this rank's shared-memory segment.
+  std::chrono::milliseconds connectTimeout{60'000};
+  // Shared memory: this rank's segment name (newSegmentName) and, by rank,
+  // every rank's "name:pid", when the backend exchanged them with the host
+  // records; empty: the transport draws a name and exchanges them itself.
+  std::string shmSegment;
+  std::vector<std::string> shmRecords;
   int slotsPerPeer = 16;
   // 0: autoSlotBytes(world size, slotsPerPeer) (transport/rdma/transport.hpp).
   size_t slotBytes = 0;

@@ -20,7 +20,7 @@ std::string hostNumbersError(const std::string& published, const std::string& ag
   HashStore store;
   store.set("rdmacc/host/g/1", toBytes(published));
   try {
-    hostNumbers(store, "g", 0, 2, "host-a", agreed);
+    hostNumbers(store, {}, "g", 0, 2, "host-a", agreed);
   } catch (const Error& e) {
     return e.what();
   }
@@ -33,9 +33,9 @@ std::string mine() {
 
 TEST(HostIdentity, RanksWithTheSameIdentityShareAHost) {
   HashStore store;
-  store.set("rdmacc/host/g/1", toBytes(mine() + "\nauto\nhost-a"));
-  store.set("rdmacc/host/g/2", toBytes(mine() + "\nauto\nhost-b"));
-  EXPECT_EQ(hostNumbers(store, "g", 0, 3, "host-a", "auto"), (std::vector<int>{0, 0, 1}));
+  store.set("rdmacc/host/g/1", toBytes(mine() + "\nauto\n/rdmacc-1-0:1\nhost-a"));
+  store.set("rdmacc/host/g/2", toBytes(mine() + "\nauto\n/rdmacc-2-0:2\nhost-b"));
+  EXPECT_EQ(hostNumbers(store, {}, "g", 0, 3, "host-a", "auto"), (std::vector<int>{0, 0, 1}));
 }
 
 // Every rank numbers the hosts alike (by their lowest rank), whichever it is.
@@ -43,9 +43,9 @@ TEST(HostIdentity, HostsAreNumberedByTheirLowestRank) {
   HashStore store;
   for (int r : {0, 2, 3}) {
     store.set(fmt::format("rdmacc/host/g/{}", r),
-              toBytes(mine() + "\nauto\n" + (r == 3 ? "host-c" : "host-b")));
+              toBytes(mine() + "\nauto\n/rdmacc-3-0:3\n" + (r == 3 ? "host-c" : "host-b")));
   }
-  EXPECT_EQ(hostNumbers(store, "g", 1, 4, "host-a", "auto"), (std::vector<int>{0, 1, 0, 2}));
+  EXPECT_EQ(hostNumbers(store, {}, "g", 1, 4, "host-a", "auto"), (std::vector<int>{0, 1, 0, 2}));
 }
 
 TEST(HostIdentity, AnotherProtocolIsRefusedNamingBothVersions) {
@@ -67,8 +67,8 @@ TEST(HostIdentity, ABuildThatStatesNoVersionIsRefused) {
 TEST(HostIdentity, AnotherReleaseWithTheSameProtocolIsAccepted) {
   HashStore store;
   store.set("rdmacc/host/g/1",
-            toBytes(fmt::format("rdmacc 0.0.9 protocol {}\nauto\nhost-a", handshake::kVersion)));
-  EXPECT_EQ(hostNumbers(store, "g", 0, 2, "host-a", "auto"), (std::vector<int>{0, 0}));
+            toBytes(fmt::format("rdmacc 0.0.9 protocol {}\nauto\n/rdmacc-1-0:1\nhost-a", handshake::kVersion)));
+  EXPECT_EQ(hostNumbers(store, {}, "g", 0, 2, "host-a", "auto"), (std::vector<int>{0, 0}));
 }
 
 TEST(HostIdentity, HostileTextIsQuotedBounded) {
@@ -90,6 +90,21 @@ TEST(HostIdentity, ADifferentRailCountIsRefused) {
                        "RDMACC_TRANSPORT=auto RDMACC_IB_RAILS=1");
   EXPECT_NE(error.find("rank 1 runs with RDMACC_TRANSPORT=auto RDMACC_IB_RAILS=2, this rank with "
                        "RDMACC_TRANSPORT=auto RDMACC_IB_RAILS=1"),
+            std::string::npos)
+      << error;
+}
+
+// The shared-memory line travels with the identity: every rank's, by rank;
+// a record without one (another build) is refused naming the rank.
+TEST(HostIdentity, SharedMemoryRecordsComeBackByRank) {
+  HashStore store;
+  store.set("rdmacc/host/g/1", toBytes(mine() + "\nauto\n/rdmacc-7-ab:7\nhost-a"));
+  std::vector<std::string> shared;
+  EXPECT_EQ(hostNumbers(store, {}, "g", 0, 2, "host-a", "auto", "/rdmacc-5-cd:5", &shared),
+            (std::vector<int>{0, 0}));
+  EXPECT_EQ(shared, (std::vector<std::string>{"/rdmacc-5-cd:5", "/rdmacc-7-ab:7"}));
+  const std::string error = hostNumbersError(mine() + "\nauto\nhost-a");
+  EXPECT_NE(error.find("rank 1 published a host record without a shared-memory line"),
             std::string::npos)
       << error;
 }

@@ -43,27 +43,38 @@ size_t ourSegments() {
   return n;
 }
 
-// Rank 1 announced itself on this host and then never published its segment:
-// rank 0's setup fails with a store timeout, and its own segment is unlinked
-// (a constructor that throws runs no destructor).
+// Rank 1 announced itself on this host, and the segment its record names
+// never appears: rank 0's setup fails naming rank 1 (within the connect
+// timeout while rank 1's process lives, at once when it has exited), and
+// its own segment is unlinked (a constructor that throws runs no destructor).
 TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
-  auto store = std::make_shared<HashStore>(500ms);
-  store->set("rdmacc/host/lonely/1",
-             toBytes(fmt::format(
-                 "rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm RDMACC_IB_RAILS=1\nsame-host",
-                 version(), handshake::kVersion)));
-  const size_t before = ourSegments();
-  try {
-    VerbsBackend backend(store, 0, 2,
-                         VerbsBackend::Options{.groupName = "lonely",
-                                               .config = {{"RDMACC_TRANSPORT", "shm"},
-                                                          {"RDMACC_HOST_ID", "same-host"},
-                                                          {"RDMACC_STORE_TIMEOUT", "500ms"}}});
-    FAIL() << "a group formed without rank 1";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rdmacc/shm/lonely"), std::string::npos) << e.what();
+  for (const int pid : {::getpid(), 0x3fffffff}) {  // alive; no such process
+    auto store = std::make_shared<HashStore>(500ms);
+    const std::string group = fmt::format("lonely{}", pid);
+    store->set(fmt::format("rdmacc/host/{}/1", group),
+               toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
+                                   "RDMACC_IB_RAILS=1\n/rdmacc-{}-00000000deadbeef:{}\nsame-host",
+                                   version(), handshake::kVersion, ::getpid(), pid)));
+    const size_t before = ourSegments();
+    try {
+      VerbsBackend backend(store, 0, 2,
+                           VerbsBackend::Options{.groupName = group,
+                                                 .config = {{"RDMACC_TRANSPORT", "shm"},
+                                                            {"RDMACC_HOST_ID", "same-host"},
+                                                            {"RDMACC_CONNECT_TIMEOUT", "500ms"},
+                                                            {"RDMACC_STORE_TIMEOUT", "500ms"}}});
+      FAIL() << "a group formed without rank 1";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(pid == ::getpid() ? "rank 1's shared-memory segment /rdmacc-"
+                                            : "rank 1 (pid 1073741823) exited before its "
+                                              "shared-memory segment"),
+                std::string::npos)
+          << what;
+      EXPECT_EQ(e.info().peerRank, 1) << what;
+    }
+    EXPECT_EQ(ourSegments(), before);
   }
-  EXPECT_EQ(ourSegments(), before);
 }
 
 // Single-copy writes go where a peer's advert says; an address the peer does
@@ -143,8 +154,10 @@ std::vector<std::string> allreduceOnBoth(std::vector<std::unique_ptr<VerbsBacken
 // Rank `rank`'s segment of group `name` as this process mapped it, and its
 // geometry from its head.
 std::pair<uint8_t*, shm::Geometry> segmentOf(Store& store, const std::string& name, int rank) {
-  const std::string text = toString(store.get(fmt::format("rdmacc/shm/{}/{}", name, rank)));
-  uint8_t* segment = mappedSegment(text.substr(0, text.find(':')));
+  // Line 3 of the rank's host record: "name:pid".
+  const std::string text = toString(store.get(fmt::format("rdmacc/host/{}/{}", name, rank)));
+  const size_t line3 = text.find('\n', text.find('\n') + 1) + 1;
+  uint8_t* segment = mappedSegment(text.substr(line3, text.find(':', line3) - line3));
   if (segment == nullptr) return {nullptr, {}};
   const auto* head = reinterpret_cast<const shm::SegmentHead*>(segment);
   EXPECT_EQ(head->magic, shm::kMagic);

@@ -19,7 +19,7 @@
 namespace rdmacc::handshake {
 
 constexpr uint32_t kMagic = 0x43434452;  // "RDCC"
-constexpr uint16_t kVersion = 3;
+constexpr uint16_t kVersion = 4;
 constexpr size_t kProofBytes = 16;
 constexpr size_t kHelloBytes = 24 + kProofBytes;  // fits the 56 bytes of an IB CM REQ
 constexpr size_t kRejectBytes = 8;

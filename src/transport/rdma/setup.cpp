@@ -62,7 +62,7 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& o
   stagingRegion_ = PageBuffer(region);
   stagingMr_ =
       verbs::registerMemory(mesh.pd(), stagingRegion_.data(), region, IBV_ACCESS_LOCAL_WRITE);
-  connect(store, options.group, options.rdmaOneShotBytes);
+  connect(store, options.allGather, options.group, options.rdmaOneShotBytes);
 }
 
 // The one-shot board this rank offers: RDMACC_RDMA_ONE_SHOT_BYTES, as far as
@@ -83,7 +83,8 @@ static size_t boardBytesOffered(const Mesh& mesh, size_t wanted) {
 // (one rkey per peer, in rank order without this rank) and sets up every
 // peer from what it published. The board exists when every rank offers one
 // (its size: the smallest offered).
-void RdmaTransport::connect(Store& store, const std::string& groupName, size_t boardBytes) {
+void RdmaTransport::connect(Store& store, const AllGather& allGather, const std::string& groupName,
+                            size_t boardBytes) {
   const size_t perPeer = static_cast<size_t>(slotsPerPeer_) * slotBytes_;
   std::string rkeys;
   for (int p = 0; p < size_; ++p) {
@@ -106,20 +107,26 @@ void RdmaTransport::connect(Store& store, const std::string& groupName, size_t b
       boardRkeys += fmt::format("{}{}", boardRkeys.empty() ? "" : ",", boardMrs_.back()->rkey);
     }
   }
-  PrefixStore group("rdmacc/engine/" + groupName, std::shared_ptr<Store>(&store, [](Store*) {}));
-  group.set(fmt::format("slots/{}", rank_),
-            toBytes(fmt::format(
-                "{}:{}:{}:{}:{}:{}:{}:{}", reinterpret_cast<uintptr_t>(recvRegion_.data()),
-                slotsPerPeer_, slotBytes_, rkeys, boardBytes,
-                reinterpret_cast<uintptr_t>(boardRegion_.data()), boardStride_, boardRkeys)));
   peers_.resize(static_cast<size_t>(size_));
   size_t groupBoard = boardBytes;
-  // Every peer's slot record in one request (O(N) requests per group).
+  // Every peer's slot record at once (O(N) requests per group). Every rank
+  // of the group has this transport (a group on several hosts gives each
+  // rank a peer over RDMA), so every rank takes part.
+  std::vector<int> everyone, others;
   std::vector<std::string> keys;
   for (int rank = 0; rank < size_; ++rank) {
-    if (rank != rank_) keys.push_back(fmt::format("slots/{}", rank));
+    everyone.push_back(rank);
+    if (rank == rank_) continue;
+    others.push_back(rank);
+    keys.push_back(fmt::format("slots/{}", rank));
   }
-  const std::vector<Bytes> records = group.multiGet(keys);
+  const std::vector<Bytes> records = exchangeRecords(
+      store, allGather, "rdmacc/engine/" + groupName + "/slots", rank_,
+      toBytes(
+          fmt::format("{}:{}:{}:{}:{}:{}:{}:{}", reinterpret_cast<uintptr_t>(recvRegion_.data()),
+                      slotsPerPeer_, slotBytes_, rkeys, boardBytes,
+                      reinterpret_cast<uintptr_t>(boardRegion_.data()), boardStride_, boardRkeys)),
+      everyone, others);
   for (int rank = 0; rank < size_; ++rank) {
     if (rank == rank_) continue;
     const std::string& key = keys[peerIndex(rank_, rank)];

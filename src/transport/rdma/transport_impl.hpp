@@ -161,7 +161,8 @@ class RdmaTransport final : public Transport, public Board {
   PeerState& peer(int rank) { return peers_[static_cast<size_t>(rank)]; }
   const PeerState& peer(int rank) const { return peers_[static_cast<size_t>(rank)]; }
 
-  void connect(Store& store, const std::string& group, size_t boardBytes);
+  void connect(Store& store, const AllGather& allGather, const std::string& group,
+               size_t boardBytes);
   int signalRun() const { return std::max(1, slotsPerPeer_ / 4); }
   bool mustSignal(const PeerState& p, const Lane& lane, bool usesStaging) const;
   static void posted(Lane& lane, int staging, bool signaled) {

@@ -13,13 +13,17 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "src/core/deadline.hpp"
 #include "src/store/store_util.hpp"
 #include "src/transport/shm/cma.hpp"
+#include "src/transport/shm/transport.hpp"
 #include "src/transport/shm/transport_impl.hpp"
 
 namespace rdmacc::shm {
@@ -90,9 +94,9 @@ ShmTransport::ShmTransport(Store& store, const TransportOptions& options,
         static_cast<uint32_t>(roundUp(kBoardEntryHead + options.shmOneShotBytes, 64));
     oneShotBytes_ = options.shmOneShotBytes;
   }
-  create();
+  create(options.shmSegment);
   try {
-    attach(store, options.group);
+    attach(store, options);
   } catch (...) {
     // A constructor that throws runs no destructor: without this, a peer that
     // never arrived would leave our segment in /dev/shm.
@@ -104,9 +108,13 @@ ShmTransport::ShmTransport(Store& store, const TransportOptions& options,
 
 // Our segment: created exclusive, 0600, its memory reserved now (so a full
 // /dev/shm fails here with a clear error instead of SIGBUS later).
-void ShmTransport::create() {
+void ShmTransport::create(const std::string& name) {
   std::random_device random;
-  name_ = fmt::format("/rdmacc-{}-{:08x}{:08x}", ::getpid(), random(), random());
+  name_ = name.empty() ? newSegmentName() : name;
+  if (!validSegmentName(name_)) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("'{}' is no segment name of rdmacc's", name_));
+  }
   const size_t bytes = geometry_.totalBytes();
   net::Fd fd(::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!fd) throw shmError("shm_open", errno, fmt::format("creating {}", name_), "");
@@ -149,14 +157,14 @@ void ShmTransport::create() {
   if (::bind(doorbell_.get(), reinterpret_cast<const sockaddr*>(&addr), length) != 0) {
     throw shmError("bind", errno, "binding the wake-up socket", "");
   }
+  head_->magic.store(kMagic, std::memory_order_release);  // built: peers may map it
 }
 
-// Publishes "name:pid", maps every local peer's segment (checking what its
-// owner built against what this rank expects), and unlinks ours once every
-// local peer mapped it.
-void ShmTransport::attach(Store& store, const std::string& groupName) {
-  PrefixStore group("rdmacc/shm/" + groupName, std::shared_ptr<Store>(&store, [](Store*) {}));
-  group.set(fmt::format("{}", rank_), toBytes(fmt::format("{}:{}", name_, ::getpid())));
+// Learns every local peer's "name:pid" (from the host records the backend
+// passed, or through its own exchange), maps each peer's segment once its
+// owner built it (checking what it built against what this rank expects),
+// and unlinks ours once every local peer mapped it.
+void ShmTransport::attach(Store& store, const TransportOptions& options) {
   // Our lane in a peer's segment: our index among its carried peers.
   auto laneIn = [&](int owner, int sender) {
     size_t lane = 0;
@@ -164,56 +172,44 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
     return lane;
   };
   const size_t bytes = geometry_.totalBytes();
-  // Every local peer's record in one request (O(N) requests per group).
-  std::vector<std::string> keys;
+  // Every local peer's record at once (O(N) requests per group); the ranks
+  // of this host take part, and only they.
+  std::vector<int> local, carried;
   for (int rank = 0; rank < size_; ++rank) {
-    if (peers_[idx(rank)].carried) keys.push_back(fmt::format("{}", rank));
+    if (peers_[idx(rank)].carried) carried.push_back(rank);
+    if (peers_[idx(rank)].carried || rank == rank_) local.push_back(rank);
   }
-  // The segment of the host's lowest rank (unique to this formation) names
-  // the counter below.
-  std::string lowest = name_;
-  bool lowestFound = false;
-  const std::vector<Bytes> records = group.multiGet(keys);
+  const std::string prefix = "rdmacc/shm/" + options.group;
+  std::vector<Bytes> records;
+  if (options.shmRecords.empty()) {
+    records = exchangeRecords(store, options.allGather, prefix, rank_,
+                              toBytes(fmt::format("{}:{}", name_, ::getpid())), local, carried);
+  } else {
+    for (int rank : carried) records.push_back(toBytes(options.shmRecords.at(idx(rank))));
+  }
+  const auto deadline = deadlineAfter(options.connectTimeout);
   size_t record = 0;
   for (int rank = 0; rank < size_; ++rank) {
     Peer& p = peers_[idx(rank)];
     if (!p.carried) continue;
-    const std::string& key = keys[record];
+    const std::string key = fmt::format("{}/{}", prefix, rank);
     const std::string text = toString(records[record++]);
     const auto fields = splitFields(text, ':');
-    if (fields.size() != 2 || fields[0].size() > 64 || !fields[0].starts_with("/rdmacc-")) {
-      throw Error(
-          ErrorKind::Protocol,
-          fmt::format("rank {} published malformed shared-memory information '{}'", rank, text));
+    if (fields.size() != 2 || !validSegmentName(fields[0])) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank {} published malformed shared-memory information '{}'", rank,
+                                 text.substr(0, 100)),
+          .peerRank = rank});
     }
     const std::string name(fields[0]);
-    if (!lowestFound) {  // ranks ascend: the first carried one is the lowest peer
-      lowestFound = true;
-      if (rank < rank_) lowest = name;
-    }
     p.pid = static_cast<int>(storeNumber(fields[1], INT32_MAX, key));
     p.address = fmt::format("pid {} on this host", p.pid);
-    net::Fd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
-    if (!fd) {
-      throw shmError("shm_open", errno, fmt::format("opening rank {}'s segment {}", rank, name),
-                     "ranks that share a host must share /dev/shm (the same mount namespace)");
-    }
-    // Mapped as large as it is (at most what this rank expects), so that a
-    // segment of another geometry is named by its head, not only its size.
-    struct stat st {};
-    auto tooSmall = [&] {
-      return Error(ErrorKind::Protocol, fmt::format("rank {}'s segment {} has {} bytes, not {}",
-                                                    rank, name, st.st_size, bytes));
-    };
-    if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) < geometry_.headBytes()) {
-      throw tooSmall();
-    }
-    const size_t present = std::min(static_cast<size_t>(st.st_size), bytes);
-    p.mapping = mapSegment(fd.get(), present, name);
-    p.head = reinterpret_cast<SegmentHead*>(p.mapping.get());
-    if (p.head->magic != kMagic || p.head->version != kVersion ||
-        p.head->lanes != geometry_.lanes || p.head->slots != geometry_.slots ||
-        p.head->ringEntries != geometry_.ringEntries || p.head->slotBytes != geometry_.slotBytes ||
+    p.pidfd = net::Fd(pidfdOpen(p.pid));
+    const size_t present = mapPeerSegment(rank, p, name, deadline);
+    if (p.head->version != kVersion || p.head->lanes != geometry_.lanes ||
+        p.head->slots != geometry_.slots || p.head->ringEntries != geometry_.ringEntries ||
+        p.head->slotBytes != geometry_.slotBytes ||
         p.head->boardEntries != geometry_.boardEntries ||
         p.head->boardEntryBytes != geometry_.boardEntryBytes) {
       throw Error(ErrorInfo{
@@ -229,7 +225,10 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
           .hint = "run the same rdmacc version with the same RDMACC_SLOTS_PER_PEER, "
                   "RDMACC_SLOT_BYTES and RDMACC_SHM_ONE_SHOT_BYTES on every rank"});
     }
-    if (present < bytes) throw tooSmall();
+    if (present < bytes) {
+      throw Error(ErrorKind::Protocol, fmt::format("rank {}'s segment {} has {} bytes, not {}",
+                                                   rank, name, present, bytes));
+    }
     p.board = p.mapping.get() + geometry_.boardOffset();
     uint8_t* theirs = p.mapping.get() + geometry_.laneOffset(laneIn(rank, rank_));
     p.out = reinterpret_cast<RingHead*>(theirs);
@@ -241,8 +240,8 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
     p.inSlots = ours + sizeof(RingHead) + geometry_.recordsBytes();
     p.doorbell = doorbellAddress(name, p.doorbellLength);
     p.window = SlotWindow(static_cast<int>(geometry_.slots));
-    p.pidfd = net::Fd(pidfdOpen(p.pid));
     p.singleCopy = singleCopy_ && probeSingleCopy(rank, p);
+    p.out->mapped.store(1, std::memory_order_release);
   }
   lightPublish_ = sleepBarrier_;
   for (int rank = 0; rank < size_; ++rank) {
@@ -254,13 +253,105 @@ void ShmTransport::attach(Store& store, const std::string& groupName) {
           ? "publishing without a fence (every local rank issues membarrier before it sleeps)"
           : "publishing with a fence (RDMACC_SHM_MEMBARRIER=0, or membarrier(GLOBAL_EXPEDITED) not "
             "available, on some local rank)");
-  // Our segment is unlinked once every rank of this host mapped every peer's:
-  // one counter per host (two or three requests per rank, not one per pair).
-  const std::string counter = fmt::format("mapped/{}", lowest.substr(1));
-  if (group.add(counter, 1) == static_cast<int64_t>(keys.size()) + 1) {
-    group.set(counter + "/all", toBytes("1"));
+  unlinkOnceMapped(options.connectTimeout);
+}
+
+// Maps rank's segment once its owner built it (magic set): the name came
+// with the host records, before the owner may have created it, so a
+// missing, empty or unfinished segment is looked at again until the
+// deadline or the owner's exit. Mapped as large as it is (at most what
+// this rank expects), so that a segment of another geometry is named by
+// its head, not only its size. Returns the bytes mapped.
+size_t ShmTransport::mapPeerSegment(int rank, Peer& p, const std::string& name,
+                                    std::chrono::steady_clock::time_point deadline) {
+  const size_t bytes = geometry_.totalBytes();
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    net::Fd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
+    if (!fd && errno != ENOENT) {
+      throw shmError("shm_open", errno, fmt::format("opening rank {}'s segment {}", rank, name),
+                     "ranks that share a host must share /dev/shm (the same mount namespace)");
+    }
+    struct stat st {};
+    if (fd && ::fstat(fd.get(), &st) != 0) {
+      throw shmError("fstat", errno, fmt::format("of rank {}'s segment {}", rank, name), "");
+    }
+    // The ranks of a job are one user: a segment of another user's under
+    // the published name is not the peer's (security.md, shared memory).
+    if (fd && st.st_uid != ::geteuid()) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank {}'s segment {} belongs to uid {}, not to this rank's {}",
+                                 rank, name, st.st_uid, ::geteuid()),
+          .peerRank = rank,
+          .hint = "run every rank of a host as the same user; another user may have created "
+                  "the name first"});
+    }
+    if (fd && static_cast<size_t>(st.st_size) >= geometry_.headBytes()) {
+      const size_t present = std::min(static_cast<size_t>(st.st_size), bytes);
+      p.mapping = mapSegment(fd.get(), present, name);
+      p.head = reinterpret_cast<SegmentHead*>(p.mapping.get());
+      const uint64_t magic = p.head->magic.load(std::memory_order_acquire);
+      if (magic == kMagic) return present;
+      if (magic != 0) {
+        throw Error(ErrorInfo{
+            .kind = ErrorKind::Protocol,
+            .message = fmt::format("rank {}'s segment {} starts with {:#x}, not rdmacc's {:#x}",
+                                   rank, name, magic, kMagic),
+            .peerRank = rank});
+      }
+      p.head = nullptr;
+      p.mapping = {};
+    }
+    if (processExited(p)) {
+      throw Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
+                            .message = fmt::format("rank {} (pid {}) exited before its "
+                                                   "shared-memory segment {} was ready",
+                                                   rank, p.pid, name),
+                            .peerRank = rank});
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Timeout,
+          .message =
+              fmt::format("rank {}'s shared-memory segment {} was not ready in time", rank, name),
+          .peerRank = rank,
+          .hint = "see that rank's output; RDMACC_CONNECT_TIMEOUT bounds the wait"});
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
   }
-  group.get(counter + "/all");
+}
+
+// Each local peer says in its lane of our segment that it mapped it: no
+// store request, and a peer that dies or never comes is named. Polled with
+// a growing sleep (formation, not the data path).
+void ShmTransport::unlinkOnceMapped(std::chrono::milliseconds timeout) {
+  const auto deadline = deadlineAfter(timeout);
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    std::vector<int> waiting, gone;
+    for (int rank = 0; rank < size_; ++rank) {
+      const Peer& p = peers_[idx(rank)];
+      if (!p.carried || p.in->mapped.load(std::memory_order_acquire) == 1) continue;
+      (processExited(p) ? gone : waiting).push_back(rank);
+    }
+    if (waiting.empty() && gone.empty()) break;
+    if (!gone.empty() || std::chrono::steady_clock::now() >= deadline) {
+      const std::vector<int>& named = gone.empty() ? waiting : gone;
+      throw Error(ErrorInfo{
+          .kind = gone.empty() ? ErrorKind::Timeout : ErrorKind::PeerFailure,
+          .message = fmt::format(
+              "rank(s) {} {} this rank's shared-memory segment {}", fmt::join(named, ", "),
+              gone.empty() ? fmt::format("did not map within {} ms", timeout.count())
+                           : std::string("exited before they mapped"),
+              name_),
+          .peerRank = named.front(),
+          .hint = "see those ranks' output; RDMACC_CONNECT_TIMEOUT bounds the wait"});
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
   ::shm_unlink(name_.c_str());
   unlinked_ = true;
 }
@@ -304,3 +395,18 @@ bool ShmTransport::probeSingleCopy(int rank, const Peer& p) const {
 }
 
 }  // namespace rdmacc::shm
+
+namespace rdmacc {
+
+std::string newSegmentName() {
+  std::random_device random;
+  return fmt::format("/rdmacc-{}-{:08x}{:08x}", ::getpid(), random(), random());
+}
+
+bool validSegmentName(std::string_view name) {
+  return name.size() <= 64 && name.starts_with("/rdmacc-") &&
+         name.find_first_not_of("/rdmacc-0123456789abcdef") == std::string_view::npos &&
+         name.find('/', 1) == std::string_view::npos;
+}
+
+}  // namespace rdmacc

@@ -13,6 +13,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "rdmacc/store.hpp"
@@ -27,5 +29,12 @@ namespace rdmacc {
 // small, naming the bytes it needed).
 std::unique_ptr<Transport> makeShmTransport(Store& store, const TransportOptions& options,
                                             const std::vector<bool>& peers);
+
+// A fresh name for this rank's segment, "/rdmacc-<pid>-<random>": drawn
+// before the group forms, so that it can travel with the host records
+// (TransportOptions::shmSegment).
+std::string newSegmentName();
+// A name newSegmentName could have made (what a peer publishes is checked).
+bool validSegmentName(std::string_view name);
 
 }  // namespace rdmacc

@@ -30,7 +30,7 @@ using wire::Header;
 using wire::kHeaderBytes;
 
 constexpr uint64_t kMagic = 0x524443434d485331;  // "RDCCMHS1"
-constexpr uint32_t kVersion = 5;
+constexpr uint32_t kVersion = 6;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free,
@@ -39,7 +39,9 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
 // At the start of every segment: what the owner built, checked by each peer
 // that maps it, and the owner's flags.
 struct SegmentHead {
-  uint64_t magic = kMagic;
+  // kMagic once the owner has built the whole segment (release): its name
+  // travels with the host records, so a peer may open it before that.
+  std::atomic<uint64_t> magic{0};
   uint32_t version = kVersion;
   uint32_t lanes = 0;  // one per local peer, in rank order
   uint32_t slots = 0;
@@ -86,6 +88,9 @@ constexpr uint32_t kBoardEntries = 8;
 struct RingHead {
   alignas(64) std::atomic<uint64_t> tail{0};
   alignas(64) std::atomic<uint64_t> head{0};
+  // The lane's sender mapped the owner's segment: once every lane says so,
+  // the owner unlinks the segment (formation needs no store round for it).
+  alignas(64) std::atomic<uint32_t> mapped{0};
 };
 
 // What a WRITE_WITH_IMM's completion tells the receiver on the RDMA
@@ -214,8 +219,12 @@ class ShmTransport final : public Transport, public Board {
       std::atomic_thread_fence(std::memory_order_seq_cst);
     }
   }
-  void create();
-  void attach(Store& store, const std::string& group);
+  void create(const std::string& name);
+  void attach(Store& store, const TransportOptions& options);
+  size_t mapPeerSegment(int rank, Peer& p, const std::string& name,
+                        std::chrono::steady_clock::time_point deadline);
+  // Waits until every local peer mapped this rank's segment, then unlinks it.
+  void unlinkOnceMapped(std::chrono::milliseconds timeout);
   // Free ring entries in peer's lane; throws when the peer corrupted its head.
   uint64_t ringSpace(int to, Peer& p) const;
   void publish(Peer& p, Record r);
