@@ -2,13 +2,16 @@
 // when a local peer never arrives, single-copy writes to an address that is
 // not there, and a peer that corrupts the ring or the one-shot board it
 // writes (two ranks as two threads of this process).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -75,6 +78,38 @@ TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
     }
     EXPECT_EQ(ourSegments(), before);
   }
+}
+
+// The segment a peer's record names belongs to another user (who created
+// the name first): rank 0 refuses it, naming rank 1 and both uids, and never
+// maps it. Needs root to hand the object to another user.
+TEST(ShmTransport, ASegmentOfAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (fchown of a shared-memory object)";
+  const std::string name = fmt::format("/rdmacc-{}-00000000c0ffee00", ::getpid());
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0666);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
+  ASSERT_EQ(::fchown(fd, 65534, 65534), 0) << std::strerror(errno);
+  ::close(fd);
+  auto store = std::make_shared<HashStore>(2s);
+  store->set("rdmacc/host/foreign/1",
+             toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
+                                 "RDMACC_IB_RAILS=1\n{}:{}\nsame-host",
+                                 version(), handshake::kVersion, name, ::getpid())));
+  try {
+    VerbsBackend backend(store, 0, 2,
+                         VerbsBackend::Options{.groupName = "foreign",
+                                               .config = {{"RDMACC_TRANSPORT", "shm"},
+                                                          {"RDMACC_HOST_ID", "same-host"},
+                                                          {"RDMACC_CONNECT_TIMEOUT", "2s"}}});
+    ADD_FAILURE() << "a group formed on another user's segment";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format(
+                  "rank 1's segment {} belongs to uid 65534, not to this rank's 0", name)),
+              std::string::npos)
+        << e.what();
+  }
+  ::shm_unlink(name.c_str());
 }
 
 // Single-copy writes go where a peer's advert says; an address the peer does
