@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <numeric>
+#include <functional>
+#include <mutex>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -159,10 +161,65 @@ const char* pmixLauncher() {
   return "PMIx";
 }
 
-// Rank 0 hosts the store on a port of its own choosing and the others learn
-// where through one PMIx fence: no MASTER_ADDR or MASTER_PORT to agree on.
-// On one node it listens on loopback only; else on MASTER_ADDR if the user
-// set it, or on this host's name.
+// A store made at its first use: under PMIx the other ranks learn rank 0's
+// store address from rank 0's PMIx record, which the first fence of
+// formation brings along, and a group that never asks the store never
+// connects to it.
+class DeferredStore final : public Store {
+ public:
+  DeferredStore(std::chrono::milliseconds timeout, std::function<std::shared_ptr<Store>()> make)
+      : Store(timeout), make_(std::move(make)) {}
+  void set(const std::string& key, const Bytes& value) override { inner().set(key, value); }
+  Bytes get(const std::string& key) override { return inner().get(key); }
+  int64_t add(const std::string& key, int64_t delta) override { return inner().add(key, delta); }
+  bool check(const std::vector<std::string>& keys) override { return inner().check(keys); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    inner().wait(keys, timeout);
+  }
+  bool deleteKey(const std::string& key) override { return inner().deleteKey(key); }
+  std::vector<Bytes> multiGet(const std::vector<std::string>& keys,
+                              std::chrono::milliseconds timeout) override {
+    return inner().multiGet(keys, timeout);
+  }
+  using Store::multiGet;
+  using Store::wait;
+
+ private:
+  Store& inner() {
+    std::lock_guard lock(mutex_);
+    if (!store_) store_ = make_();  // a failure is retried by the next call
+    store_->setTimeout(timeout());
+    return *store_;
+  }
+  std::mutex mutex_;
+  std::function<std::shared_ptr<Store>()> make_;
+  std::shared_ptr<Store> store_;
+};
+
+// Rank 0's store address as it published it through PMIx, checked.
+std::pair<std::string, uint16_t> storeAddress(const Bytes& published) {
+  const std::string text = toString(published);
+  const auto newline = text.find('\n');
+  if (newline == std::string::npos || newline == 0 || text.size() > 300) {
+    throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                          .message = fmt::format("rank 0 published a malformed store address "
+                                                 "through PMIx ({} bytes)",
+                                                 text.size()),
+                          .peerRank = 0});
+  }
+  const int64_t port = parseInt(text.substr(newline + 1), "rank 0's store port");
+  if (port < 1 || port > 65535) {
+    throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                          .message = fmt::format("rank 0 published store port {}", port),
+                          .peerRank = 0});
+  }
+  return {text.substr(0, newline), static_cast<uint16_t>(port)};
+}
+
+// Rank 0 hosts the store on a port of its own choosing and publishes where
+// through PMIx: no MASTER_ADDR or MASTER_PORT to agree on. On one node it
+// listens on loopback only; else on MASTER_ADDR if the user set it, or on
+// this host's name.
 GroupEnvironment groupFromPmix(const Config& config) {
   const pmix::Job& job = pmix::job();
   GroupEnvironment g;
@@ -181,43 +238,25 @@ GroupEnvironment groupFromPmix(const Config& config) {
                                 .authKey = authKey(config),
                                 .serverLimits = storeServerLimits(config),
                                 .connectLazily = true};
-  std::shared_ptr<TCPStore> store;
-  std::string storeHost;
-  Bytes mine;
+  constexpr const char* kKey = "rdmacc.store";
   if (g.rank == 0) {
-    storeHost = env("MASTER_ADDR") != nullptr ? env("MASTER_ADDR")
-                : job.localSize == job.size   ? "127.0.0.1"
-                                              : hostName();
+    const std::string host = env("MASTER_ADDR") != nullptr ? env("MASTER_ADDR")
+                             : job.localSize == job.size   ? "127.0.0.1"
+                                                           : hostName();
     const auto port = static_cast<uint16_t>(config.getInt("RDMACC_STORE_PORT"));
-    store = std::make_shared<TCPStore>(storeHost, port, options);
-    mine = toBytes(fmt::format("{}\n{}", storeHost, store->port()));
+    auto store = std::make_shared<TCPStore>(host, port, options);
+    pmix::publish(kKey, toBytes(fmt::format("{}\n{}", host, store->port())));
+    log(LogLevel::Info, "rank 0 of {} bootstrapped through PMIx, {}; store at {}:{}", g.size,
+        g.launcher, host, store->port());
+    g.store = std::move(store);
+  } else {
+    log(LogLevel::Info, "rank {} of {} (local rank {}) bootstrapped through PMIx, {}", g.rank,
+        g.size, g.localRank, g.launcher);
+    g.store = std::make_shared<DeferredStore>(timeout, [timeout, options] {
+      const auto [host, port] = storeAddress(pmix::lookup(0, kKey, timeout));
+      return std::make_shared<TCPStore>(host, port, options);
+    });
   }
-  std::vector<int> everyone(static_cast<size_t>(g.size));
-  std::iota(everyone.begin(), everyone.end(), 0);
-  const Bytes root = pmix::allGather("rdmacc.store", mine, everyone, {0}, timeout).at(0);
-  if (g.rank != 0) {
-    const std::string text = toString(root);
-    const auto newline = text.find('\n');
-    if (newline == std::string::npos || newline == 0 || text.size() > 300) {
-      throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
-                            .message = fmt::format("rank 0 published a malformed store address "
-                                                   "through PMIx ({} bytes)",
-                                                   text.size()),
-                            .peerRank = 0});
-    }
-    const std::string port = text.substr(newline + 1);
-    int64_t number = parseInt(port.c_str(), "rank 0's store port");
-    if (number < 1 || number > 65535) {
-      throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
-                            .message = fmt::format("rank 0 published store port {}", number),
-                            .peerRank = 0});
-    }
-    storeHost = text.substr(0, newline);
-    store = std::make_shared<TCPStore>(storeHost, static_cast<uint16_t>(number), options);
-  }
-  log(LogLevel::Info, "rank {} of {} (local rank {}) bootstrapped through PMIx, {}; store at {}:{}",
-      g.rank, g.size, g.localRank, g.launcher, storeHost, store->port());
-  g.store = std::move(store);
   // Formation's records through fences too (host identities, slot tables,
   // shared-memory segments), within the store's timeout.
   g.allGather = [timeout](const std::string& key, const Bytes& record,

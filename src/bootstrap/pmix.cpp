@@ -1,5 +1,6 @@
 #include "src/bootstrap/pmix.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -34,6 +35,15 @@ const Job& job() {
 
 std::vector<Bytes> allGather(const std::string&, const Bytes&, const std::vector<int>&,
                              const std::vector<int>&, std::chrono::milliseconds) {
+  job();
+  return {};
+}
+
+void publish(const std::string&, const Bytes&) {
+  job();
+}
+
+Bytes lookup(int, const std::string&, std::chrono::milliseconds) {
   job();
   return {};
 }
@@ -76,7 +86,8 @@ class Client {
     }
     log(LogLevel::Debug, "PMIx: namespace {} rank {}/{} local rank {}/{} in {:.1f} ms", job_.nspace,
         job_.rank, job_.size, job_.localRank, job_.localSize,
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
   }
   ~Client() { PMIx_Finalize(nullptr, 0); }
   Client(const Client&) = delete;
@@ -142,25 +153,82 @@ const Job& job() {
   return client().job();
 }
 
+namespace {
+
+int wholeSeconds(std::chrono::milliseconds timeout) {
+  return static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(INT32_MAX, std::chrono::ceil<std::chrono::seconds>(timeout).count())));
+}
+
+void putAndCommit(const std::string& key, const Bytes& value) {
+  if (key.size() >= PMIX_MAX_KEYLEN) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("PMIx key '{}' is too long", key));
+  }
+  pmix_value_t v;
+  PMIX_VALUE_CONSTRUCT(&v);
+  v.type = PMIX_BYTE_OBJECT;
+  // PMIx_Put copies the bytes; `v` is not destructed (it does not own them).
+  v.data.bo.bytes = reinterpret_cast<char*>(const_cast<uint8_t*>(value.data()));
+  v.data.bo.size = value.size();
+  if (pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key.c_str(), &v); rc != PMIX_SUCCESS) {
+    fail("PMIx_Put", rc, fmt::format(" of {}", key));
+  }
+  if (pmix_status_t rc = PMIx_Commit(); rc != PMIX_SUCCESS) fail("PMIx_Commit", rc, "");
+}
+
+// A peer's bytes: checked for type, copied out.
+Bytes get(const Job& job, int rank, const std::string& key, std::chrono::milliseconds timeout) {
+  if (rank < 0 || rank >= job.size) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("rank {} is outside the PMIx job of {}", rank, job.size));
+  }
+  pmix_proc_t peer;
+  PMIX_LOAD_PROCID(&peer, job.nspace.c_str(), static_cast<pmix_rank_t>(rank));
+  pmix_info_t info;
+  PMIX_INFO_CONSTRUCT(&info);
+  int seconds = wholeSeconds(timeout);
+  PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
+  pmix_value_t* v = nullptr;
+  const pmix_status_t rc = PMIx_Get(&peer, key.c_str(), &info, 1, &v);
+  PMIX_INFO_DESTRUCT(&info);
+  if (rc != PMIX_SUCCESS || v == nullptr) {
+    throw Error(ErrorInfo{.kind = rc == PMIX_ERR_TIMEOUT ? ErrorKind::Timeout : ErrorKind::Protocol,
+                          .message = fmt::format("rank {} published no '{}' through PMIx: {}", rank,
+                                                 key, PMIx_Error_string(rc)),
+                          .peerRank = rank});
+  }
+  if (v->type != PMIX_BYTE_OBJECT) {
+    const int type = v->type;
+    PMIX_VALUE_RELEASE(v);
+    throw Error(ErrorInfo{
+        .kind = ErrorKind::Protocol,
+        .message = fmt::format("rank {}'s '{}' has PMIx type {}, not bytes", rank, key, type),
+        .peerRank = rank});
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(v->data.bo.bytes);
+  Bytes out(bytes, bytes + v->data.bo.size);
+  PMIX_VALUE_RELEASE(v);
+  return out;
+}
+
+}  // namespace
+
+void publish(const std::string& key, const Bytes& value) {
+  Client& c = client();
+  std::lock_guard lock(c.mutex());
+  putAndCommit(key, value);
+}
+
+Bytes lookup(int rank, const std::string& key, std::chrono::milliseconds timeout) {
+  return get(client().job(), rank, key, timeout);
+}
+
 std::vector<Bytes> allGather(const std::string& key, const Bytes& mine,
                              const std::vector<int>& participants, const std::vector<int>& wanted,
                              std::chrono::milliseconds timeout) {
   Client& c = client();
   std::lock_guard lock(c.mutex());
-  if (key.size() >= PMIX_MAX_KEYLEN) {
-    throw Error(ErrorKind::InvalidArgument, fmt::format("PMIx key '{}' is too long", key));
-  }
-  pmix_value_t value;
-  PMIX_VALUE_CONSTRUCT(&value);
-  value.type = PMIX_BYTE_OBJECT;
-  // PMIx_Put copies the bytes; `value` is not destructed (it does not own them).
-  value.data.bo.bytes = reinterpret_cast<char*>(const_cast<uint8_t*>(mine.data()));
-  value.data.bo.size = mine.size();
-  if (pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key.c_str(), &value); rc != PMIX_SUCCESS) {
-    fail("PMIx_Put", rc, fmt::format(" of {}", key));
-  }
-  if (pmix_status_t rc = PMIx_Commit(); rc != PMIX_SUCCESS) fail("PMIx_Commit", rc, "");
-
+  putAndCommit(key, mine);
   // The whole namespace as its wildcard (what servers optimise), else the
   // participants by name.
   std::vector<pmix_proc_t> procs;
@@ -182,12 +250,10 @@ std::vector<Bytes> allGather(const std::string& key, const Bytes& mine,
   PMIX_INFO_CONSTRUCT(&info[1]);
   bool collect = true;
   PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
-  // Whole seconds, at least one.
-  int seconds = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(INT32_MAX, std::chrono::ceil<std::chrono::seconds>(timeout).count())));
+  int seconds = wholeSeconds(timeout);
   PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
   const auto start = std::chrono::steady_clock::now();
-  pmix_status_t rc = PMIx_Fence(procs.data(), procs.size(), info, 2);
+  const pmix_status_t rc = PMIx_Fence(procs.data(), procs.size(), info, 2);
   log(LogLevel::Debug, "PMIx: fence '{}' over {} ranks in {:.1f} ms", key, participants.size(),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   PMIX_INFO_DESTRUCT(&info[0]);
@@ -197,36 +263,9 @@ std::vector<Bytes> allGather(const std::string& key, const Bytes& mine,
          fmt::format(" exchanging '{}' among {} ranks within {}s", key, participants.size(),
                      seconds));
   }
-
   std::vector<Bytes> out;
   out.reserve(wanted.size());
-  for (int rank : wanted) {
-    if (rank < 0 || rank >= c.job().size) {
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("rank {} is outside the PMIx job of {}", rank, c.job().size));
-    }
-    pmix_proc_t peer;
-    PMIX_LOAD_PROCID(&peer, c.job().nspace.c_str(), static_cast<pmix_rank_t>(rank));
-    pmix_value_t* v = nullptr;
-    rc = PMIx_Get(&peer, key.c_str(), nullptr, 0, &v);
-    if (rc != PMIX_SUCCESS || v == nullptr) {
-      throw Error(ErrorInfo{.kind = ErrorKind::Protocol,
-                            .message = fmt::format("rank {} published no '{}' through PMIx: {}",
-                                                   rank, key, PMIx_Error_string(rc)),
-                            .peerRank = rank});
-    }
-    if (v->type != PMIX_BYTE_OBJECT) {
-      const int type = v->type;
-      PMIX_VALUE_RELEASE(v);
-      throw Error(ErrorInfo{
-          .kind = ErrorKind::Protocol,
-          .message = fmt::format("rank {}'s '{}' has PMIx type {}, not bytes", rank, key, type),
-          .peerRank = rank});
-    }
-    const auto* bytes = reinterpret_cast<const uint8_t*>(v->data.bo.bytes);
-    out.emplace_back(bytes, bytes + v->data.bo.size);
-    PMIX_VALUE_RELEASE(v);
-  }
+  for (int rank : wanted) out.push_back(get(c.job(), rank, key, timeout));
   return out;
 }
 

@@ -42,4 +42,11 @@ std::vector<Bytes> allGather(const std::string& key, const Bytes& mine,
                              const std::vector<int>& participants, const std::vector<int>& wanted,
                              std::chrono::milliseconds timeout);
 
+// Puts and commits this rank's value of `key` (no fence): peers read it with
+// lookup, from the next fence's data or, before one, from the server.
+void publish(const std::string& key, const Bytes& value);
+
+// `rank`'s value of `key`, waiting up to `timeout` for it.
+Bytes lookup(int rank, const std::string& key, std::chrono::milliseconds timeout);
+
 }  // namespace rdmacc::pmix

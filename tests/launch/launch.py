@@ -71,8 +71,8 @@ def expect_checked(p, ranks, launcher):
     if "# Out of bounds values : 0 OK" not in p.stdout:
         sys.exit("rdmacc-perf --check did not report 0 wrong elements")
     if launcher == "PMIx":
-        lines = re.findall(r"rank (\d+) of (\d+) \(local rank \d+\) bootstrapped through (PMIx)",
-                           p.stdout)
+        lines = re.findall(r"rank (\d+) of (\d+)(?: \(local rank \d+\))? bootstrapped through "
+                           r"(PMIx)", p.stdout)
     else:
         lines = re.findall(r"rank (\d+) of (\d+) \(group 'default'\).*?launcher: ([^;]*);",
                            p.stdout)
