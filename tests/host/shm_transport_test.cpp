@@ -81,35 +81,47 @@ TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
 }
 
 // The segment a peer's record names belongs to another user (who created
-// the name first): rank 0 refuses it, naming rank 1 and both uids, and never
-// maps it. Needs root to hand the object to another user.
+// the name first), or others may open it: rank 0 refuses it, naming rank 1,
+// the path, the owner and the mode, and never maps it. Handing the object to
+// another user needs root; the mode case runs as anyone.
 TEST(ShmTransport, ASegmentOfAnotherUserIsRefused) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root (fchown of a shared-memory object)";
-  const std::string name = fmt::format("/rdmacc-{}-00000000c0ffee00", ::getpid());
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0666);
-  ASSERT_GE(fd, 0) << std::strerror(errno);
-  ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
-  ASSERT_EQ(::fchown(fd, 65534, 65534), 0) << std::strerror(errno);
-  ::close(fd);
-  auto store = std::make_shared<HashStore>(2s);
-  store->set("rdmacc/host/foreign/1",
-             toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
-                                 "RDMACC_IB_RAILS=1\n{}:{}\nsame-host",
-                                 version(), handshake::kVersion, name, ::getpid())));
-  try {
-    VerbsBackend backend(store, 0, 2,
-                         VerbsBackend::Options{.groupName = "foreign",
-                                               .config = {{"RDMACC_TRANSPORT", "shm"},
-                                                          {"RDMACC_HOST_ID", "same-host"},
-                                                          {"RDMACC_CONNECT_TIMEOUT", "2s"}}});
-    ADD_FAILURE() << "a group formed on another user's segment";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fmt::format(
-                  "rank 1's segment {} belongs to uid 65534, not to this rank's 0", name)),
-              std::string::npos)
-        << e.what();
+  for (const bool foreignOwner : {false, true}) {
+    if (foreignOwner && ::geteuid() != 0) continue;
+    const std::string name =
+        fmt::format("/rdmacc-{}-00000000c0ffee0{}", ::getpid(), foreignOwner ? 1 : 0);
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
+    if (foreignOwner) {
+      ASSERT_EQ(::fchown(fd, 65534, 65534), 0) << std::strerror(errno);
+    } else {
+      ASSERT_EQ(::fchmod(fd, 0666), 0) << std::strerror(errno);
+    }
+    ::close(fd);
+    auto store = std::make_shared<HashStore>(2s);
+    const std::string group = fmt::format("foreign{}", foreignOwner);
+    store->set(fmt::format("rdmacc/host/{}/1", group),
+               toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
+                                   "RDMACC_IB_RAILS=1\n{}:{}\nsame-host",
+                                   version(), handshake::kVersion, name, ::getpid())));
+    try {
+      VerbsBackend backend(store, 0, 2,
+                           VerbsBackend::Options{.groupName = group,
+                                                 .config = {{"RDMACC_TRANSPORT", "shm"},
+                                                            {"RDMACC_HOST_ID", "same-host"},
+                                                            {"RDMACC_CONNECT_TIMEOUT", "2s"}}});
+      ADD_FAILURE() << "a group formed on a segment that is not the peer's";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format(
+                    "rank 1's segment /dev/shm{} belongs to uid {} with mode {}, not to this "
+                    "rank's uid {} with mode 600",
+                    name, foreignOwner ? 65534u : ::geteuid(), foreignOwner ? "600" : "666",
+                    ::geteuid())),
+                std::string::npos)
+          << e.what();
+    }
+    ::shm_unlink(name.c_str());
   }
-  ::shm_unlink(name.c_str());
 }
 
 // Single-copy writes go where a peer's advert says; an address the peer does

@@ -276,16 +276,18 @@ size_t ShmTransport::mapPeerSegment(int rank, Peer& p, const std::string& name,
     if (fd && ::fstat(fd.get(), &st) != 0) {
       throw shmError("fstat", errno, fmt::format("of rank {}'s segment {}", rank, name), "");
     }
-    // The ranks of a job are one user: a segment of another user's under
-    // the published name is not the peer's (security.md, shared memory).
-    if (fd && st.st_uid != ::geteuid()) {
+    // The ranks of a job are one user, and rdmacc creates segments 0600: a
+    // segment of another user's under the published name, or one others may
+    // open, is not the peer's (security.md, shared memory).
+    if (fd && (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)) {
       throw Error(ErrorInfo{
           .kind = ErrorKind::Protocol,
-          .message = fmt::format("rank {}'s segment {} belongs to uid {}, not to this rank's {}",
-                                 rank, name, st.st_uid, ::geteuid()),
+          .message = fmt::format("rank {}'s segment /dev/shm{} belongs to uid {} with mode {:o}, "
+                                 "not to this rank's uid {} with mode 600",
+                                 rank, name, st.st_uid, st.st_mode & 0777, ::geteuid()),
           .peerRank = rank,
-          .hint = "run every rank of a host as the same user; another user may have created "
-                  "the name first"});
+          .hint = "run every rank of a host as the same user; another user (or process) may "
+                  "have created the name first"});
     }
     if (fd && static_cast<size_t>(st.st_size) >= geometry_.headBytes()) {
       const size_t present = std::min(static_cast<size_t>(st.st_size), bytes);
