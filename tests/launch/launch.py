@@ -81,6 +81,11 @@ def expect_checked(p, ranks, launcher):
     for rank, size, how in lines:
         if int(size) != ranks or launcher not in how:
             sys.exit(f"rank {rank}: size {size}, launcher '{how}' (expected {ranks}, '{launcher}')")
+    if os.environ.get("RDMACC_TRANSPORT") == "rdma":  # the device variant
+        over_rdma = p.stdout.count(f"0 peer(s) through shared memory, {ranks - 1} through RDMA")
+        if over_rdma != ranks:
+            sys.exit(f"RDMACC_TRANSPORT=rdma: {over_rdma} of {ranks} ranks reached every peer "
+                     "through RDMA")
 
 
 def sandbox(command, env, timeout=300):
