@@ -2,6 +2,7 @@
 // (mapped and checked), the doorbells, and whether single-copy writes reach
 // each peer.
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -47,6 +48,20 @@ Mapping mapSegment(int fd, size_t bytes, const std::string& name) {
     throw shmError("mmap", errno, fmt::format("mapping shared memory segment {}", name), "");
   }
   return Mapping(static_cast<uint8_t*>(p), PageUnmap{bytes});
+}
+
+// Waits while `word` (in shared memory: a futex of no process in particular)
+// holds `expected`, at most `timeout`.
+void futexWait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::microseconds timeout) {
+  const timespec limit{.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000),
+                       .tv_nsec = static_cast<long>(timeout.count() % 1'000'000) * 1000};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, &limit, nullptr,
+            0);
+}
+
+void futexWakeAll(std::atomic<uint32_t>& word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+            0);
 }
 
 int pidfdOpen(int pid) {
@@ -119,6 +134,14 @@ void ShmTransport::create(const std::string& name) {
   net::Fd fd(::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!fd) throw shmError("shm_open", errno, fmt::format("creating {}", name_), "");
   unlinked_ = false;
+  // The size first (at once), so that peers can map the head and wait on
+  // it while the memory is reserved.
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    const int error = errno;
+    ::shm_unlink(name_.c_str());
+    unlinked_ = true;
+    throw shmError("ftruncate", error, fmt::format("sizing {}", name_), "");
+  }
   if (int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes)); rc != 0) {
     ::shm_unlink(name_.c_str());
     unlinked_ = true;
@@ -158,6 +181,8 @@ void ShmTransport::create(const std::string& name) {
     throw shmError("bind", errno, "binding the wake-up socket", "");
   }
   head_->magic.store(kMagic, std::memory_order_release);  // built: peers may map it
+  head_->built.store(1, std::memory_order_release);
+  futexWakeAll(head_->built);
 }
 
 // Learns every local peer's "name:pid" (from the host records the backend
@@ -171,7 +196,6 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
     for (int r = 0; r < sender; ++r) lane += r != owner && (peers_[idx(r)].carried || r == rank_);
     return lane;
   };
-  const size_t bytes = geometry_.totalBytes();
   // Every local peer's record at once (O(N) requests per group); the ranks
   // of this host take part, and only they.
   std::vector<int> local, carried;
@@ -187,8 +211,8 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
   } else {
     for (int rank : carried) records.push_back(toBytes(options.shmRecords.at(idx(rank))));
   }
-  const auto deadline = deadlineAfter(options.connectTimeout);
   size_t record = 0;
+  std::vector<std::string> names(static_cast<size_t>(size_));
   for (int rank = 0; rank < size_; ++rank) {
     Peer& p = peers_[idx(rank)];
     if (!p.carried) continue;
@@ -202,46 +226,49 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
                                  text.substr(0, 100)),
           .peerRank = rank});
     }
-    const std::string name(fields[0]);
+    names[idx(rank)] = fields[0];
     p.pid = static_cast<int>(storeNumber(fields[1], INT32_MAX, key));
     p.address = fmt::format("pid {} on this host", p.pid);
     p.pidfd = net::Fd(pidfdOpen(p.pid));
-    const size_t present = mapPeerSegment(rank, p, name, deadline);
-    if (p.head->version != kVersion || p.head->lanes != geometry_.lanes ||
-        p.head->slots != geometry_.slots || p.head->ringEntries != geometry_.ringEntries ||
-        p.head->slotBytes != geometry_.slotBytes ||
-        p.head->boardEntries != geometry_.boardEntries ||
-        p.head->boardEntryBytes != geometry_.boardEntryBytes) {
-      throw Error(ErrorInfo{
-          .kind = ErrorKind::InvalidArgument,
-          .message = fmt::format("rank {}'s shared-memory segment has {} lanes of {} slots of {} "
-                                 "bytes and {} board entries of {} bytes (version {}), this rank "
-                                 "expects {} of {} of {} and {} of {} (version {})",
-                                 rank, p.head->lanes, p.head->slots, p.head->slotBytes,
-                                 p.head->boardEntries, p.head->boardEntryBytes, p.head->version,
-                                 geometry_.lanes, geometry_.slots, geometry_.slotBytes,
-                                 geometry_.boardEntries, geometry_.boardEntryBytes, kVersion),
-          .peerRank = rank,
-          .hint = "run the same rdmacc version with the same RDMACC_SLOTS_PER_PEER, "
-                  "RDMACC_SLOT_BYTES and RDMACC_SHM_ONE_SHOT_BYTES on every rank"});
+  }
+  // Every peer's segment in rank order, each waited for in turn. Until it
+  // exists: one shm_open per pause, the pause growing to 5 ms (a host of
+  // hundreds of ranks on a few CPUs must not spend them polling); once it
+  // is mapped, asleep on its `built` word until the owner wakes us. Whether
+  // the owner still lives is asked every 100 ms.
+  const auto deadline = deadlineAfter(options.connectTimeout);
+  for (int rank : carried) {
+    Peer& p = peers_[idx(rank)];
+    auto pause = std::chrono::microseconds(50);
+    auto nextExitCheck = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (!tryMapPeerSegment(rank, p, names[idx(rank)])) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= nextExitCheck) {
+        nextExitCheck = now + std::chrono::milliseconds(100);
+        if (processExited(p)) {
+          throw Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
+                                .message = fmt::format("rank {} (pid {}) exited before its "
+                                                       "shared-memory segment {} was ready",
+                                                       rank, p.pid, names[idx(rank)]),
+                                .peerRank = rank});
+        }
+      }
+      if (now >= deadline) {
+        throw Error(ErrorInfo{
+            .kind = ErrorKind::Timeout,
+            .message = fmt::format("rank {}'s shared-memory segment {} was not ready within {} ms",
+                                   rank, names[idx(rank)], options.connectTimeout.count()),
+            .peerRank = rank,
+            .hint = "see that rank's output; RDMACC_CONNECT_TIMEOUT bounds the wait"});
+      }
+      if (p.head != nullptr) {
+        futexWait(p.head->built, 0, std::chrono::milliseconds(100));
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(5000));
+      }
     }
-    if (present < bytes) {
-      throw Error(ErrorKind::Protocol, fmt::format("rank {}'s segment {} has {} bytes, not {}",
-                                                   rank, name, present, bytes));
-    }
-    p.board = p.mapping.get() + geometry_.boardOffset();
-    uint8_t* theirs = p.mapping.get() + geometry_.laneOffset(laneIn(rank, rank_));
-    p.out = reinterpret_cast<RingHead*>(theirs);
-    p.outRecords = reinterpret_cast<Record*>(theirs + sizeof(RingHead));
-    p.outSlots = theirs + sizeof(RingHead) + geometry_.recordsBytes();
-    uint8_t* ours = mine_.get() + geometry_.laneOffset(laneIn(rank_, rank));
-    p.in = reinterpret_cast<RingHead*>(ours);
-    p.inRecords = reinterpret_cast<Record*>(ours + sizeof(RingHead));
-    p.inSlots = ours + sizeof(RingHead) + geometry_.recordsBytes();
-    p.doorbell = doorbellAddress(name, p.doorbellLength);
-    p.window = SlotWindow(static_cast<int>(geometry_.slots));
-    p.singleCopy = singleCopy_ && probeSingleCopy(rank, p);
-    p.out->mapped.store(1, std::memory_order_release);
+    joinPeer(rank, p, names[idx(rank)], laneIn(rank, rank_), laneIn(rank_, rank));
   }
   lightPublish_ = sleepBarrier_;
   for (int rank = 0; rank < size_; ++rank) {
@@ -253,33 +280,87 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
           ? "publishing without a fence (every local rank issues membarrier before it sleeps)"
           : "publishing with a fence (RDMACC_SHM_MEMBARRIER=0, or membarrier(GLOBAL_EXPEDITED) not "
             "available, on some local rank)");
-  unlinkOnceMapped(options.connectTimeout);
+  unlinkIfMapped();
 }
 
-// Maps rank's segment once its owner built it (magic set): the name came
-// with the host records, before the owner may have created it, so a
-// missing, empty or unfinished segment is looked at again until the
-// deadline or the owner's exit. Mapped as large as it is (at most what
-// this rank expects), so that a segment of another geometry is named by
-// its head, not only its size. Returns the bytes mapped.
-size_t ShmTransport::mapPeerSegment(int rank, Peer& p, const std::string& name,
-                                    std::chrono::steady_clock::time_point deadline) {
+// Checks rank's mapped segment against what this rank expects, wires its
+// lanes to ours, and tells its owner (and wakes it, if it sleeps) that this
+// rank has mapped it.
+void ShmTransport::joinPeer(int rank, Peer& p, const std::string& name, size_t theirLane,
+                            size_t ourLane) {
   const size_t bytes = geometry_.totalBytes();
-  auto pause = std::chrono::microseconds(20);
-  for (;;) {
+  if (p.head->version != kVersion || p.head->lanes != geometry_.lanes ||
+      p.head->slots != geometry_.slots || p.head->ringEntries != geometry_.ringEntries ||
+      p.head->slotBytes != geometry_.slotBytes || p.head->boardEntries != geometry_.boardEntries ||
+      p.head->boardEntryBytes != geometry_.boardEntryBytes) {
+    throw Error(ErrorInfo{
+        .kind = ErrorKind::InvalidArgument,
+        .message = fmt::format("rank {}'s shared-memory segment has {} lanes of {} slots of {} "
+                               "bytes and {} board entries of {} bytes (version {}), this rank "
+                               "expects {} of {} of {} and {} of {} (version {})",
+                               rank, p.head->lanes, p.head->slots, p.head->slotBytes,
+                               p.head->boardEntries, p.head->boardEntryBytes, p.head->version,
+                               geometry_.lanes, geometry_.slots, geometry_.slotBytes,
+                               geometry_.boardEntries, geometry_.boardEntryBytes, kVersion),
+        .peerRank = rank,
+        .hint = "run the same rdmacc version with the same RDMACC_SLOTS_PER_PEER, "
+                "RDMACC_SLOT_BYTES and RDMACC_SHM_ONE_SHOT_BYTES on every rank"});
+  }
+  if (p.mappedBytes < bytes) {
+    throw Error(ErrorKind::Protocol, fmt::format("rank {}'s segment {} has {} bytes, not {}", rank,
+                                                 name, p.mappedBytes, bytes));
+  }
+  p.board = p.mapping.get() + geometry_.boardOffset();
+  uint8_t* theirs = p.mapping.get() + geometry_.laneOffset(theirLane);
+  p.out = reinterpret_cast<RingHead*>(theirs);
+  p.outRecords = reinterpret_cast<Record*>(theirs + sizeof(RingHead));
+  p.outSlots = theirs + sizeof(RingHead) + geometry_.recordsBytes();
+  uint8_t* ours = mine_.get() + geometry_.laneOffset(ourLane);
+  p.in = reinterpret_cast<RingHead*>(ours);
+  p.inRecords = reinterpret_cast<Record*>(ours + sizeof(RingHead));
+  p.inSlots = ours + sizeof(RingHead) + geometry_.recordsBytes();
+  p.doorbell = doorbellAddress(name, p.doorbellLength);
+  p.window = SlotWindow(static_cast<int>(geometry_.slots));
+  p.singleCopy = singleCopy_ && probeSingleCopy(rank, p);
+  // The last of the owner's peers to map it wakes it (if it sleeps) to
+  // unlink; seq_cst with the owner's sleeping flag (arm): either it sees the
+  // count before it sleeps, or this rank sees it asleep and rings.
+  if (p.head->mappedBy.fetch_add(1) + 1 == p.head->lanes && p.head->sleeping.load() != 0) {
+    ringDoorbell(p);
+  }
+}
+
+// Once every local peer has mapped our segment nothing needs its name:
+// unlinked then (a crash later leaves nothing in /dev/shm). Formation does
+// not wait for it; the engine's polls look until it happens.
+void ShmTransport::unlinkIfMapped() {
+  if (unlinked_ || head_->mappedBy.load() < geometry_.lanes) return;
+  ::shm_unlink(name_.c_str());
+  unlinked_ = true;
+}
+
+// One look at rank's segment: true once it is mapped and its owner has
+// built it (magic set). Its name came with the host records, before the
+// owner may have created it, so a missing, empty or unfinished segment is
+// not an error (false: look again). Mapped as large as it is (at most what
+// this rank expects), so that a segment of another geometry is named by its
+// head, not only its size; kept mapped while the owner finishes it.
+bool ShmTransport::tryMapPeerSegment(int rank, Peer& p, const std::string& name) {
+  if (!p.mapping) {
     net::Fd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
-    if (!fd && errno != ENOENT) {
+    if (!fd) {
+      if (errno == ENOENT) return false;
       throw shmError("shm_open", errno, fmt::format("opening rank {}'s segment {}", rank, name),
                      "ranks that share a host must share /dev/shm (the same mount namespace)");
     }
     struct stat st {};
-    if (fd && ::fstat(fd.get(), &st) != 0) {
+    if (::fstat(fd.get(), &st) != 0) {
       throw shmError("fstat", errno, fmt::format("of rank {}'s segment {}", rank, name), "");
     }
     // The ranks of a job are one user, and rdmacc creates segments 0600: a
     // segment of another user's under the published name, or one others may
     // open, is not the peer's (security.md, shared memory).
-    if (fd && (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)) {
+    if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
       throw Error(ErrorInfo{
           .kind = ErrorKind::Protocol,
           .message = fmt::format("rank {}'s segment /dev/shm{} belongs to uid {} with mode {:o}, "
@@ -289,73 +370,21 @@ size_t ShmTransport::mapPeerSegment(int rank, Peer& p, const std::string& name,
           .hint = "run every rank of a host as the same user; another user (or process) may "
                   "have created the name first"});
     }
-    if (fd && static_cast<size_t>(st.st_size) >= geometry_.headBytes()) {
-      const size_t present = std::min(static_cast<size_t>(st.st_size), bytes);
-      p.mapping = mapSegment(fd.get(), present, name);
-      p.head = reinterpret_cast<SegmentHead*>(p.mapping.get());
-      const uint64_t magic = p.head->magic.load(std::memory_order_acquire);
-      if (magic == kMagic) return present;
-      if (magic != 0) {
-        throw Error(ErrorInfo{
-            .kind = ErrorKind::Protocol,
-            .message = fmt::format("rank {}'s segment {} starts with {:#x}, not rdmacc's {:#x}",
-                                   rank, name, magic, kMagic),
-            .peerRank = rank});
-      }
-      p.head = nullptr;
-      p.mapping = {};
-    }
-    if (processExited(p)) {
-      throw Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
-                            .message = fmt::format("rank {} (pid {}) exited before its "
-                                                   "shared-memory segment {} was ready",
-                                                   rank, p.pid, name),
-                            .peerRank = rank});
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw Error(ErrorInfo{
-          .kind = ErrorKind::Timeout,
-          .message =
-              fmt::format("rank {}'s shared-memory segment {} was not ready in time", rank, name),
-          .peerRank = rank,
-          .hint = "see that rank's output; RDMACC_CONNECT_TIMEOUT bounds the wait"});
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+    if (static_cast<size_t>(st.st_size) < geometry_.headBytes()) return false;  // being sized
+    p.mappedBytes = std::min(static_cast<size_t>(st.st_size), geometry_.totalBytes());
+    p.mapping = mapSegment(fd.get(), p.mappedBytes, name);
+    p.head = reinterpret_cast<SegmentHead*>(p.mapping.get());
   }
-}
-
-// Each local peer says in its lane of our segment that it mapped it: no
-// store request, and a peer that dies or never comes is named. Polled with
-// a growing sleep (formation, not the data path).
-void ShmTransport::unlinkOnceMapped(std::chrono::milliseconds timeout) {
-  const auto deadline = deadlineAfter(timeout);
-  auto pause = std::chrono::microseconds(20);
-  for (;;) {
-    std::vector<int> waiting, gone;
-    for (int rank = 0; rank < size_; ++rank) {
-      const Peer& p = peers_[idx(rank)];
-      if (!p.carried || p.in->mapped.load(std::memory_order_acquire) == 1) continue;
-      (processExited(p) ? gone : waiting).push_back(rank);
-    }
-    if (waiting.empty() && gone.empty()) break;
-    if (!gone.empty() || std::chrono::steady_clock::now() >= deadline) {
-      const std::vector<int>& named = gone.empty() ? waiting : gone;
-      throw Error(ErrorInfo{
-          .kind = gone.empty() ? ErrorKind::Timeout : ErrorKind::PeerFailure,
-          .message = fmt::format(
-              "rank(s) {} {} this rank's shared-memory segment {}", fmt::join(named, ", "),
-              gone.empty() ? fmt::format("did not map within {} ms", timeout.count())
-                           : std::string("exited before they mapped"),
-              name_),
-          .peerRank = named.front(),
-          .hint = "see those ranks' output; RDMACC_CONNECT_TIMEOUT bounds the wait"});
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  const uint64_t magic = p.head->magic.load(std::memory_order_acquire);
+  if (magic == kMagic) return true;
+  if (magic != 0) {
+    throw Error(ErrorInfo{
+        .kind = ErrorKind::Protocol,
+        .message = fmt::format("rank {}'s segment {} starts with {:#x}, not rdmacc's {:#x}", rank,
+                               name, magic, kMagic),
+        .peerRank = rank});
   }
-  ::shm_unlink(name_.c_str());
-  unlinked_ = true;
+  return false;
 }
 
 ShmTransport::~ShmTransport() {

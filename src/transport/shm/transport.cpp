@@ -134,6 +134,7 @@ bool ShmTransport::flushCredits() {
 }
 
 bool ShmTransport::poll(TransportSink& sink) {
+  unlinkIfMapped();
   const wire::Limits limits{.slotsPerPeer = static_cast<int>(geometry_.slots),
                             .slotBytes = geometry_.slotBytes};
   bool any = false;

@@ -42,6 +42,8 @@ struct SegmentHead {
   // kMagic once the owner has built the whole segment (release): its name
   // travels with the host records, so a peer may open it before that.
   std::atomic<uint64_t> magic{0};
+  // 1 after magic: the word peers wait on (futex) for the owner to finish.
+  std::atomic<uint32_t> built{0};
   uint32_t version = kVersion;
   uint32_t lanes = 0;  // one per local peer, in rank order
   uint32_t slots = 0;
@@ -65,6 +67,9 @@ struct SegmentHead {
   // then do board posts and reads ring a sleeping owner's doorbell.
   std::atomic<uint32_t> boardWaiting{0};
   alignas(64) std::atomic<uint32_t> departed{0};  // the owner's transport is gone
+  // Local peers that have mapped this segment: at `lanes` the owner unlinks
+  // it (the last peer rings the doorbell if the owner sleeps).
+  std::atomic<uint32_t> mappedBy{0};
   // The last collective whose board entries the owner read (Board::consumed).
   alignas(64) std::atomic<uint64_t> boardConsumed{0};
 };
@@ -88,9 +93,6 @@ constexpr uint32_t kBoardEntries = 8;
 struct RingHead {
   alignas(64) std::atomic<uint64_t> tail{0};
   alignas(64) std::atomic<uint64_t> head{0};
-  // The lane's sender mapped the owner's segment: once every lane says so,
-  // the owner unlinks the segment (formation needs no store round for it).
-  alignas(64) std::atomic<uint32_t> mapped{0};
 };
 
 // What a WRITE_WITH_IMM's completion tells the receiver on the RDMA
@@ -123,6 +125,7 @@ struct Peer {
   net::Fd pidfd;
   std::string address;  // "pid N on this host", for errors
   Mapping mapping;      // the peer's segment
+  size_t mappedBytes = 0;
   SegmentHead* head = nullptr;
   // This rank's lane in the peer's segment (we produce), and the peer's lane
   // in ours (we consume).
@@ -221,10 +224,9 @@ class ShmTransport final : public Transport, public Board {
   }
   void create(const std::string& name);
   void attach(Store& store, const TransportOptions& options);
-  size_t mapPeerSegment(int rank, Peer& p, const std::string& name,
-                        std::chrono::steady_clock::time_point deadline);
-  // Waits until every local peer mapped this rank's segment, then unlinks it.
-  void unlinkOnceMapped(std::chrono::milliseconds timeout);
+  bool tryMapPeerSegment(int rank, Peer& p, const std::string& name);
+  void joinPeer(int rank, Peer& p, const std::string& name, size_t theirLane, size_t ourLane);
+  void unlinkIfMapped();
   // Free ring entries in peer's lane; throws when the peer corrupted its head.
   uint64_t ringSpace(int to, Peer& p) const;
   void publish(Peer& p, Record r);
