@@ -67,7 +67,8 @@ TEST(HostIdentity, ABuildThatStatesNoVersionIsRefused) {
 TEST(HostIdentity, AnotherReleaseWithTheSameProtocolIsAccepted) {
   HashStore store;
   store.set("rdmacc/host/g/1",
-            toBytes(fmt::format("rdmacc 0.0.9 protocol {}\nauto\n/rdmacc-1-0:1\nhost-a", handshake::kVersion)));
+            toBytes(fmt::format("rdmacc 0.0.9 protocol {}\nauto\n/rdmacc-1-0:1\nhost-a",
+                                handshake::kVersion)));
   EXPECT_EQ(hostNumbers(store, {}, "g", 0, 2, "host-a", "auto"), (std::vector<int>{0, 0}));
 }
 
