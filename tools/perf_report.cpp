@@ -24,7 +24,8 @@ namespace {
 
 constexpr const char* kCsvHeader =
     "collective,ranks,dtype,op,algorithm,size_bytes,count,in_place,time_us,algbw_gbs,busbw_gbs,"
-    "wrong,registered";
+    "wrong,registered,blocking,buffers";
+constexpr size_t kCsvColumns = 15;
 
 std::vector<std::string> splitCsv(const std::string& line) {
   std::vector<std::string> cells;
@@ -47,14 +48,24 @@ std::string cell(const Row* r) {
 
 void appendCsv(const std::string& path, const Args& args, int ranks, const std::vector<Row>& rows) {
   bool fresh = true;
-  if (std::ifstream in(path); in) fresh = in.peek() == std::ifstream::traits_type::eof();
+  if (std::ifstream in(path); in) {
+    fresh = in.peek() == std::ifstream::traits_type::eof();
+    // Rows under another header would be misread by --replot.
+    if (std::string header; !fresh && (!std::getline(in, header) || header != kCsvHeader)) {
+      throw Error(
+          ErrorKind::InvalidArgument,
+          fmt::format("{} has other columns than this rdmacc-perf writes ({})", path, kCsvHeader),
+          "write to a new file (an older rdmacc-perf wrote this one)");
+    }
+  }
   std::ofstream out(path, std::ios::app);
   if (fresh) out << kCsvHeader << "\n";
   for (const Row& r : rows) {
-    out << fmt::format("{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{},{}\n", args.collective,
-                       ranks, toString(args.dtype), toString(args.op), toString(args.algorithm),
-                       r.bytes, r.count, r.inPlace ? 1 : 0, r.time, r.algbw, r.busbw, r.wrong,
-                       args.registerBuffers ? 1 : 0);
+    out << fmt::format("{},{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{},{},{},{}\n",
+                       args.collective, ranks, toString(args.dtype), toString(args.op),
+                       toString(args.algorithm), r.bytes, r.count, r.inPlace ? 1 : 0, r.time,
+                       r.algbw, r.busbw, r.wrong, args.registerBuffers ? 1 : 0,
+                       args.blocking ? 1 : 0, args.buffers);
   }
   if (!out) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("cannot write {}", path),
@@ -62,7 +73,8 @@ void appendCsv(const std::string& path, const Args& args, int ranks, const std::
   }
 }
 
-// One line per (collective, ranks, algorithm): busbw and time against size.
+// One line per (collective, ranks, algorithm, registered, blocking,
+// buffers): busbw and time against size.
 // Out-of-place rows where a collective has them (nccl-tests' first columns).
 void plotCsv(const std::string& csvPath, const std::string& png, double refBusbw, double refTime) {
   std::ifstream in(csvPath);
@@ -79,10 +91,11 @@ void plotCsv(const std::string& csvPath, const std::string& png, double refBusbw
   std::vector<int> worldSizes;         // one row of panels each, ascending
   while (std::getline(in, line)) {
     auto c = splitCsv(line);
-    if (c.size() != 13 || c[5] == "0") continue;
+    if (c.size() != kCsvColumns || c[5] == "0") continue;
     std::string key =
-        fmt::format("{} {} ranks{}{}", c[0], c[1], c[4] == "auto" ? std::string() : " " + c[4],
-                    c[12] == "1" ? " registered" : "");
+        fmt::format("{} {} ranks{}{}{}{}", c[0], c[1], c[4] == "auto" ? std::string() : " " + c[4],
+                    c[12] == "1" ? " registered" : "", c[13] == "1" ? " blocking" : "",
+                    c[14] == "1" ? std::string() : fmt::format(" {} buffers", c[14]));
     if (!series.count(key)) {
       order.push_back(key);
       ranksOf[key] = std::atoi(c[1].c_str());

@@ -135,6 +135,8 @@ constexpr std::array kOptions = {
     "log level: trace, debug, info, warn, error or off", 0, 0},
   OptionSpec{"RDMACC_TRACE_EVENTS", String, "", "",
     "write when each stage of every operation happened (submitted, started, each message posted and each arrival, last step done, finished) to this file when the backend is destroyed, for tools/trace-stages; %r: the rank, %h: the host name, %p: the process id (e.g. /tmp/trace.%r.csv)", 0, 0},
+  OptionSpec{"RDMACC_LOG_TIMESTAMPS", Bool, "1", "",
+    "begin every log line with the time it was written, UTC to the millisecond (2026-12-03T13:30:01.123Z), so that lines of ranks on different hosts can be ordered", 0, 0},
   OptionSpec{"RDMACC_LOG_FILE", String, "", "",
     "write log lines to this file (appended) instead of stderr; %h: the host name, %p: the process id (one file per rank: /tmp/rdmacc.%h.%p.log)", 0, 0},
 };

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <string>
 
@@ -70,11 +71,32 @@ int openLogFile() noexcept {
   return STDERR_FILENO;
 }
 
+// RDMACC_LOG_TIMESTAMPS: read once, as the level and the file are (before
+// any Config exists); anything but 0/false/no/off keeps them.
+bool timestampsFromEnvironment() {
+  const char* text = std::getenv("RDMACC_LOG_TIMESTAMPS");
+  if (text == nullptr) return true;
+  const std::string_view v(text);
+  return !(v == "0" || v == "false" || v == "no" || v == "off");
+}
+
+// "2026-12-03T13:30:01.123Z ": UTC, so that lines from several hosts sort.
+std::string timestamp() {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  tm utc{};
+  ::gmtime_r(&now.tv_sec, &utc);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z ", utc.tm_year + 1900,
+                     utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+                     now.tv_nsec / 1'000'000);
+}
+
 struct SinkState {
   std::mutex mutex;
   std::string prefix;
   std::function<void(LogLevel, std::string_view)> sink;
   int fd = openLogFile();
+  bool timestamps = timestampsFromEnvironment();
 };
 
 SinkState& sinkState() {
@@ -172,10 +194,11 @@ void logMessage(LogLevel level, std::string_view message) noexcept {
       state.sink(level, message);
       return;
     }
+    const std::string when = state.timestamps ? timestamp() : std::string();
     std::string line =
         state.prefix.empty()
-            ? fmt::format("rdmacc {}: {}\n", toString(level), message)
-            : fmt::format("rdmacc {} {}: {}\n", state.prefix, toString(level), message);
+            ? fmt::format("{}rdmacc {}: {}\n", when, toString(level), message)
+            : fmt::format("{}rdmacc {} {}: {}\n", when, state.prefix, toString(level), message);
     // One write() per line so that lines of concurrent processes do not interleave.
     ssize_t ignored = ::write(state.fd, line.data(), line.size());
     (void)ignored;
