@@ -63,7 +63,8 @@ std::string isoNow();  // ISO 8601 UTC, seconds
 struct Formation {
   double milliseconds = 0;
   double residentMiB = 0;
-  double threads = 0;  // of the process (the largest rank's)
+  double threads = 0;                  // of the process (the largest rank's)
+  std::vector<std::string> rdmaPorts;  // rank 0's, one per rail; empty: shared memory only
 };
 void writeJson(const Args& args, int ranks, const Formation& formation,
                const std::vector<Row>& rows, double avgBusbw);

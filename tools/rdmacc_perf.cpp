@@ -334,9 +334,13 @@ int runCollective(const Args& args) {
   Case c = bench.describe();
   bool lead = backend->getRank() == 0;
   if (lead) {
-    // What nccl-tests users read first: the build, the host, the transport.
-    fmt::print("# rdmacc {} on {}, RDMACC_TRANSPORT={}\n", rdmacc::version(), hostName(),
-               Config::load().getString("RDMACC_TRANSPORT"));
+    // What nccl-tests users read first: the build, the host, the transport
+    // and the device.
+    const auto ports = backend->rdmaPorts();
+    fmt::print("# rdmacc {} on {}, RDMACC_TRANSPORT={}, {}\n", rdmacc::version(), hostName(),
+               Config::load().getString("RDMACC_TRANSPORT"),
+               ports.empty() ? std::string("no RDMA port (shared memory)")
+                             : fmt::format("RDMA port {}", fmt::join(ports, ", ")));
     fmt::print(
         "# group of {} ranks formed in {:.0f} ms (slowest rank), {:.1f} MiB resident, {:.0f} "
         "threads (largest rank)\n",
@@ -407,7 +411,8 @@ int runCollective(const Args& args) {
       if (args.csv.empty()) std::remove(csv.c_str());
     }
     if (!args.json.empty())
-      writeJson(args, backend->getSize(), Formation{formed[0], formed[1] / 1024, formed[2]}, rows,
+      writeJson(args, backend->getSize(),
+                Formation{formed[0], formed[1] / 1024, formed[2], backend->rdmaPorts()}, rows,
                 busCount ? busSum / busCount : 0.0);
   }
   backend->barrier()->wait();

@@ -110,6 +110,9 @@ class VerbsBackend final : public Backend {
   ~VerbsBackend() override;
 
   const std::string getBackendName() const override { return "rdmacc"; }
+  // The RDMA ports this rank reaches its peers through, one per rail
+  // ("mlx5_0:1"); empty when every peer is reached through shared memory.
+  std::vector<std::string> rdmaPorts() const;
   std::shared_ptr<Work> broadcast(std::vector<Tensor>& tensors,
                                   const BroadcastOptions& opts = BroadcastOptions()) override;
   std::shared_ptr<Work> allreduce(std::vector<Tensor>& tensors,

@@ -369,6 +369,14 @@ void VerbsBackend::setSequenceNumberForGroup() {
   }
 }
 
+std::vector<std::string> VerbsBackend::rdmaPorts() const {
+  std::vector<std::string> ports;
+  for (const auto& mesh : impl_->rails) {
+    ports.push_back(fmt::format("{}:{}", mesh->endpoint().device, mesh->endpoint().port));
+  }
+  return ports;
+}
+
 uint64_t VerbsBackend::getSequenceNumberForGroup() {
   return impl_->engine->sequence();
 }

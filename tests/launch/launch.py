@@ -86,6 +86,9 @@ def expect_checked(p, ranks, launcher):
         if over_rdma != ranks:
             sys.exit(f"RDMACC_TRANSPORT=rdma: {over_rdma} of {ranks} ranks reached every peer "
                      "through RDMA")
+        if not re.search(r"^# rdmacc .* RDMACC_TRANSPORT=rdma, RDMA port \S+:\d+$", p.stdout,
+                         re.M):
+            sys.exit("rdmacc-perf's header does not name the RDMA port")
 
 
 def sandbox(command, env, timeout=300):
