@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 
 #include "rdmacc/backend.hpp"
 #include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
 #include "rdmacc/store.hpp"
 #include "rdmacc/version.hpp"
 #include "src/store/store_util.hpp"
@@ -214,6 +216,32 @@ std::pair<uint8_t*, shm::Geometry> segmentOf(Store& store, const std::string& na
                                  .slotBytes = head->slotBytes,
                                  .boardEntries = head->boardEntries,
                                  .boardEntryBytes = head->boardEntryBytes}};
+}
+
+// A peer whose record gives this process's own pid gets no single-copy
+// writes: a rogue peer that copied this rank's pid, base and nonce would
+// otherwise pass the probe and steer this rank's writes into its own memory.
+// Two ranks in one process are such a pair; the group still works.
+TEST(ShmTransport, NoSingleCopyToAPeerThatGivesOurOwnPid) {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  const LogLevel level = logLevel();
+  setLogLevel(LogLevel::Info);
+  setLogSink([&](LogLevel, std::string_view line) {
+    std::lock_guard lock(mutex);
+    lines.emplace_back(line);
+  });
+  auto store = std::make_shared<HashStore>(20s);
+  {
+    auto ranks = formPair(store, "own-pid");
+    EXPECT_EQ(allreduceOnBoth(ranks), (std::vector<std::string>{"", ""}));
+  }
+  setLogSink(nullptr);
+  setLogLevel(level);
+  size_t refused = 0;
+  for (const auto& line : lines)
+    refused += line.find("it gave this process's own pid") != std::string::npos;
+  EXPECT_EQ(refused, 2u) << "each rank should refuse single-copy writes to the other";
 }
 
 // Rank 1 "writes" a tail into its lane of rank 0's segment that runs further
