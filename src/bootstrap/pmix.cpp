@@ -177,13 +177,19 @@ void putAndCommit(const std::string& key, const Bytes& value) {
 }
 
 // A peer's bytes: checked for type, copied out.
-Bytes get(const Job& job, int rank, const std::string& key, std::chrono::milliseconds timeout) {
+// The PMIx name of a rank of this job, which it must be in.
+pmix_proc_t procOf(const Job& job, int rank) {
   if (rank < 0 || rank >= job.size) {
     throw Error(ErrorKind::InvalidArgument,
                 fmt::format("rank {} is outside the PMIx job of {}", rank, job.size));
   }
-  pmix_proc_t peer;
-  PMIX_LOAD_PROCID(&peer, job.nspace.c_str(), static_cast<pmix_rank_t>(rank));
+  pmix_proc_t proc;
+  PMIX_LOAD_PROCID(&proc, job.nspace.c_str(), static_cast<pmix_rank_t>(rank));
+  return proc;
+}
+
+Bytes get(const Job& job, int rank, const std::string& key, std::chrono::milliseconds timeout) {
+  const pmix_proc_t peer = procOf(job, rank);
   pmix_info_t info;
   PMIX_INFO_CONSTRUCT(&info);
   int seconds = wholeSeconds(timeout);
@@ -236,14 +242,7 @@ std::vector<Bytes> allGather(const std::string& key, const Bytes& mine,
     procs.resize(1);
     PMIX_LOAD_PROCID(&procs[0], c.job().nspace.c_str(), PMIX_RANK_WILDCARD);
   } else {
-    for (int rank : participants) {
-      if (rank < 0 || rank >= c.job().size) {
-        throw Error(ErrorKind::InvalidArgument,
-                    fmt::format("rank {} is outside the PMIx job of {}", rank, c.job().size));
-      }
-      procs.emplace_back();
-      PMIX_LOAD_PROCID(&procs.back(), c.job().nspace.c_str(), static_cast<pmix_rank_t>(rank));
-    }
+    for (int rank : participants) procs.push_back(procOf(c.job(), rank));
   }
   pmix_info_t info[2];
   PMIX_INFO_CONSTRUCT(&info[0]);
