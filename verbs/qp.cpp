@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <functional>
@@ -24,10 +25,22 @@ CompletionQueue::CompletionQueue(ibv_context* context, int entries) {
   if (flags < 0 || ::fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
     throw verbsError("fcntl", errno, "cannot make the completion channel non-blocking");
   }
+  ibv_device_attr attr{};
+  maxEntries_ = ibv_query_device(context, &attr) == 0 ? attr.max_cqe : entries;
   cq_.reset(ibv_create_cq(context, entries, nullptr, channel_.get(), 0));
   if (!cq_) {
     throw verbsError("ibv_create_cq", errno,
                      fmt::format("cannot create a completion queue of {} entries", entries));
+  }
+}
+
+void CompletionQueue::reserve(int entries) {
+  entries = std::min(entries, maxEntries_);
+  if (entries <= cq_->cqe) return;
+  if (int rc = ibv_resize_cq(cq_.get(), entries); rc != 0) {
+    throw verbsError(
+        "ibv_resize_cq", rc,
+        fmt::format("cannot grow the completion queue from {} to {} entries", cq_->cqe, entries));
   }
 }
 

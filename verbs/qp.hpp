@@ -35,6 +35,10 @@ class CompletionQueue {
   CompletionQueue(ibv_context* context, int entries);
   ibv_cq* get() const noexcept { return cq_.get(); }
   int entries() const noexcept { return cq_->cqe; }
+  // Grows the queue towards `entries` (never shrinks it), up to the
+  // device's max_cqe: queue pairs made after formation (connections on
+  // first use) need room for their completions.
+  void reserve(int entries);
   // Returns the number of completions written to wcs; throws on a poll error.
   int poll(std::span<ibv_wc> wcs);
   // Sleeping on completions: arm(), poll once more (a completion may have
@@ -46,7 +50,8 @@ class CompletionQueue {
 
  private:
   CompChannelPtr channel_;
-  CqPtr cq_;  // after its channel: destroyed first
+  CqPtr cq_;            // after its channel: destroyed first
+  int maxEntries_ = 0;  // the device's max_cqe
 };
 
 PdPtr allocatePd(ibv_context* context);

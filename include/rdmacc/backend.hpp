@@ -113,6 +113,9 @@ class VerbsBackend final : public Backend {
   // The RDMA ports this rank reaches its peers through, one per rail
   // ("mlx5_0:1"); empty when every peer is reached through shared memory.
   std::vector<std::string> rdmaPorts() const;
+  // Queue pairs this rank holds now, over all rails (RDMACC_CONNECT=lazy:
+  // only to the peers operations have talked to so far).
+  int queuePairs() const;
   std::shared_ptr<Work> broadcast(std::vector<Tensor>& tensors,
                                   const BroadcastOptions& opts = BroadcastOptions()) override;
   std::shared_ptr<Work> allreduce(std::vector<Tensor>& tensors,

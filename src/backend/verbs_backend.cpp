@@ -15,6 +15,10 @@ namespace {
 // RDMACC_TRACE_EVENTS keeps this many events (24 MiB; 7 per small
 // operation, so about 150,000 of them); later ones are counted, not kept.
 constexpr size_t kTraceCapacity = size_t{1} << 20;
+// RDMACC_CONNECT=auto: groups up to this size connect every pair at formation
+// (a few queue pairs, and the RDMA one-shot board needs them all); larger
+// ones connect a pair when an operation first needs it.
+constexpr int kEagerConnectRanks = 8;
 
 // RDMACC_SPIN_YIELD: auto yields when this host runs more of the group's ranks
 // than this process may use CPUs (each spinning rank would otherwise hold a
@@ -137,13 +141,18 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
       auto chosen = selectEndpoints(s.config, localRankFromEnvironment(), railCount);
       endpoints.assign(chosen.begin(), chosen.end());
     }
+    // Connections on first use above a handful of ranks (docs/decisions/010).
+    const std::string& connect = s.config.getString("RDMACC_CONNECT");
+    const bool lazy = connect == "lazy" || (connect == "auto" && size > kEagerConnectRanks);
     for (size_t i = 0; i < endpoints.size(); ++i) {
       s.rails.push_back(std::make_unique<Mesh>(
           *s.store, rank, size, s.config,
           MeshOptions{
               .group = i == 0 ? options.groupName : fmt::format("{}/rail{}", options.groupName, i),
               .skip = shm,
-              .endpoint = endpoints[i]}));
+              .endpoint = endpoints[i],
+              .lazy = lazy,
+              .allGather = options.allGather}));
     }
   }
   logStartup(s.config, rank, size, s.group, s.rails,
@@ -367,6 +376,12 @@ void VerbsBackend::setSequenceNumberForGroup() {
   } else {
     s.engine->setSequence(storeNumber(group.get("sequence"), UINT64_MAX, "sequence"));
   }
+}
+
+int VerbsBackend::queuePairs() const {
+  int count = 0;
+  for (const auto& mesh : impl_->rails) count += mesh->queuePairs();
+  return count;
 }
 
 std::vector<std::string> VerbsBackend::rdmaPorts() const {

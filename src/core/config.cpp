@@ -52,6 +52,9 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_IB_RAILS", Int, "1", "ports",
     "ports (NICs) each rank stripes its RDMA peers' traffic over: collective chunks round-robin over one set of queue pairs per port, point-to-point on the first; "
     "local rank r takes usable ports r, r+1, ... (RDMACC_IB_HCA lists them); every rank of a group must use the same number", 1, 4},
+  OptionSpec{"RDMACC_CONNECT", String, "auto", "",
+    "when RDMA connections are made: lazy (to a peer when an operation first sends to it; formation exchanges only addresses), "
+    "eager (to every peer at formation; the RDMA one-shot board needs it), auto (eager for groups of up to 8 ranks, lazy above); the same on every rank", 0, 0},
   OptionSpec{"RDMACC_QPS_PER_PEER", Int, "1", "",
     "reliable-connected queue pairs per peer; collective chunks are striped over them (point-to-point "
     "messages keep to the first)", 1, 16},
@@ -180,6 +183,24 @@ void checkAlgorithm(std::string_view name, const std::string& text) {
               fmt::format("set {} to one of: {}", name, names));
 }
 
+// The options that take one of a few words: the first is the default.
+void checkChoice(std::string_view name, const std::string& text) {
+  static const std::vector<std::pair<std::string_view, std::vector<std::string_view>>> kChoices = {
+      {"RDMACC_TRANSPORT", {"auto", "rdma", "shm"}},
+      {"RDMACC_BOOTSTRAP", {"auto", "pmix", "env"}},
+      {"RDMACC_SPIN_YIELD", {"auto", "0", "1"}},
+      {"RDMACC_CONNECT", {"auto", "lazy", "eager"}},
+  };
+  for (const auto& [option, words] : kChoices) {
+    if (option != name) continue;
+    if (std::find(words.begin(), words.end(), text) != words.end()) return;
+    const std::string list = fmt::format("{}", fmt::join(words, ", "));
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{}='{}' is not one of {}", name, text, list),
+                fmt::format("set {} to one of {} ({} is the default)", name, list, words.front()));
+  }
+}
+
 void validate(const OptionSpec& spec, const std::string& text) {
   switch (spec.type) {
     case Bool:
@@ -190,21 +211,7 @@ void validate(const OptionSpec& spec, const std::string& text) {
       break;
     case String:
       if (spec.name == "RDMACC_LOG_LEVEL") parseLogLevel(text);
-      if (spec.name == "RDMACC_TRANSPORT" && text != "auto" && text != "rdma" && text != "shm") {
-        throw Error(ErrorKind::InvalidArgument,
-                    fmt::format("RDMACC_TRANSPORT='{}' is not auto, rdma or shm", text),
-                    "set RDMACC_TRANSPORT to auto (the default), rdma or shm");
-      }
-      if (spec.name == "RDMACC_BOOTSTRAP" && text != "auto" && text != "pmix" && text != "env") {
-        throw Error(ErrorKind::InvalidArgument,
-                    fmt::format("RDMACC_BOOTSTRAP='{}' is not auto, pmix or env", text),
-                    "set RDMACC_BOOTSTRAP to auto (the default), pmix or env");
-      }
-      if (spec.name == "RDMACC_SPIN_YIELD" && text != "auto" && text != "0" && text != "1") {
-        throw Error(ErrorKind::InvalidArgument,
-                    fmt::format("RDMACC_SPIN_YIELD='{}' is not auto, 0 or 1", text),
-                    "set RDMACC_SPIN_YIELD to auto (the default), 1 (always yield) or 0 (never)");
-      }
+      checkChoice(spec.name, text);
       if (spec.name == "RDMACC_SPIN_US" && text != "auto") {
         int64_t us = parseInt(text, spec.name);
         if (us < 0 || us > 10000000) {

@@ -242,8 +242,9 @@ TEST(Collectives, IndependentCollectivesOverlapDependentOnesKeepTheirOrder) {
 // allreduce.) Large enough that the allreduce is still running when the
 // alltoall is submitted.
 TEST(Collectives, AnInPlaceAlltoallSendsTheResultOfTheAllreduceBeforeIt) {
-  const size_t block = 131072;  // elements per rank's block
   const size_t n = static_cast<size_t>(N);
+  // Elements per rank's block; every sum below 2^24, exact in float.
+  const size_t block = std::min<size_t>(131072, (size_t{1} << 23) / (n * n));
   std::vector<float> x(block * n);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(R * 100) + static_cast<float>(i);
   std::vector<Tensor> t{Tensor{x.data(), x.size(), DataType::Float32}};

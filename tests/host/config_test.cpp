@@ -73,7 +73,8 @@ TEST(Config, BadValuesNameTheVariableAndTheFix) {
   expectError({"RDMACC_CONNECT_TIMEOUT=10 parsecs"}, "30s");
   expectError({"RDMACC_AGENT_STORE=maybe"}, "not a boolean");
   expectError({"RDMACC_LOG_LEVEL=loud"}, "unknown log level");
-  expectError({"RDMACC_SPIN_YIELD=yes"}, "auto (the default), 1 (always yield) or 0");
+  expectError({"RDMACC_SPIN_YIELD=yes"}, "set RDMACC_SPIN_YIELD to one of auto, 0, 1");
+  expectError({"RDMACC_CONNECT=later"}, "RDMACC_CONNECT='later' is not one of auto, lazy, eager");
   expectError({"RDMACC_SPIN_US=fast"}, "RDMACC_SPIN_US='fast' is not an integer");
   expectError({"RDMACC_SPIN_US=-5"}, "auto (the default) or 0 to 10000000 microseconds");
   EXPECT_NO_THROW(Config::load({}, {"RDMACC_SPIN_US=200"}));

@@ -79,7 +79,7 @@ TEST_F(LauncherEnvironment, PmixRequiredWithoutAPmixLauncherIsAnError) {
       << e;
   EXPECT_NE(e.find("srun --mpi=pmix"), std::string::npos) << e;
   ::setenv("RDMACC_BOOTSTRAP", "pmi", 1);
-  EXPECT_NE(error().find("RDMACC_BOOTSTRAP='pmi' is not auto, pmix or env"), std::string::npos)
+  EXPECT_NE(error().find("RDMACC_BOOTSTRAP='pmi' is not one of auto, pmix, env"), std::string::npos)
       << error();
 }
 

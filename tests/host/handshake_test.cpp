@@ -108,9 +108,41 @@ TEST(Handshake, AProofIsBoundToItsFieldsDirectionAndQueuePair) {
   EXPECT_EQ(wire.find(kSecret.substr(0, 8)), std::string::npos);
 }
 
+// Connecting on first use, a hello carries its sender's slots for the
+// receiver: they round-trip, the proof covers them, and a receiver that
+// connects the other way or has other slots says so.
+TEST(Handshake, LazyHellosCarryTheSlotsAndBindThem) {
+  Hello h = unsealed();
+  h.slotsPerPeer = 16;
+  h.slotBytes = 65536;
+  h.slotBase = 0x7f0012345000;
+  h.slotRkey = 0xabcdef;
+  seal(h, kSecret, Direction::Request, kQpn);
+  const auto bytes = encode(h);
+  ASSERT_EQ(bytes.size(), 56u);  // all of an IB CM REQ's private data
+  const auto back = decodeHello(bytes);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->slotsPerPeer, 16u);
+  EXPECT_EQ(back->slotBytes, 65536u);
+  EXPECT_EQ(back->slotBase, 0x7f0012345000u);
+  EXPECT_EQ(back->slotRkey, 0xabcdefu);
+  Expectation lazy = expectation();
+  lazy.slotsPerPeer = 16;
+  lazy.slotBytes = 65536;
+  EXPECT_FALSE(validate(*back, lazy));
+  Hello moved = *back;
+  moved.slotBase += 4096;  // a relay pointing our writes elsewhere
+  EXPECT_EQ(validate(moved, lazy), RejectReason::BadToken);
+  EXPECT_EQ(validate(*back, expectation()), RejectReason::ConnectModeMismatch);
+  EXPECT_EQ(validate(sample(), lazy), RejectReason::ConnectModeMismatch);
+  lazy.slotBytes = 32768;
+  EXPECT_EQ(validate(*back, lazy), RejectReason::SlotMismatch);
+}
+
 TEST(Handshake, RejectRoundTrips) {
   for (auto r : {RejectReason::Malformed, RejectReason::BadToken, RejectReason::Duplicate,
-                 RejectReason::BadQpIndex}) {
+                 RejectReason::BadQpIndex, RejectReason::ConnectModeMismatch,
+                 RejectReason::SlotMismatch, RejectReason::Crossed}) {
     auto bytes = encodeReject(r);
     EXPECT_EQ(decodeReject(bytes), r);
     EXPECT_STRNE(toString(r), "unknown reason");

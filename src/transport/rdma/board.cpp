@@ -125,6 +125,8 @@ void RdmaTransport::engineWaits(bool waits) {
 // after 20 us, then twice as long each time, up to a millisecond (a peer
 // late by more costs up to that much on top).
 std::optional<std::chrono::microseconds> RdmaTransport::pollingSleep() {
+  // A connection attempt waiting to be retried raises no event.
+  if (mesh_.retrying()) return std::chrono::microseconds(50'000);
   if (!boardWaits_) return std::nullopt;
   const auto sleep = boardSleep_;
   boardSleep_ = std::min(boardSleep_ * 2, std::chrono::microseconds(1000));

@@ -60,6 +60,12 @@ const char* toString(RejectReason reason) noexcept {
       return "queue pair index out of range (RDMACC_QPS_PER_PEER differs)";
     case RejectReason::GroupFormed:
       return "the group has already formed (a late or stranger connection)";
+    case RejectReason::ConnectModeMismatch:
+      return "one rank connects on first use, the other at formation (RDMACC_CONNECT differs)";
+    case RejectReason::SlotMismatch:
+      return "slots per peer or slot size differ (RDMACC_SLOTS_PER_PEER, RDMACC_SLOT_BYTES)";
+    case RejectReason::Crossed:
+      return "both ranks connected at once; the higher rank's connection is kept";
   }
   return "unknown reason";
 }
@@ -73,7 +79,11 @@ std::array<uint8_t, kHelloBytes> encode(const Hello& h) {
   put<uint32_t>(p, h.rank);
   put<uint32_t>(p, h.targetRank);
   put<uint32_t>(p, h.worldSize);
-  put<uint32_t>(p, h.activeMtu);
+  put<uint16_t>(p, h.activeMtu);
+  put<uint16_t>(p, h.slotsPerPeer);
+  put<uint32_t>(p, h.slotBytes);
+  put<uint64_t>(p, h.slotBase);
+  put<uint32_t>(p, h.slotRkey);
   std::copy(h.proof.begin(), h.proof.end(), p);
   return out;
 }
@@ -88,7 +98,11 @@ std::optional<Hello> decodeHello(std::span<const uint8_t> bytes) {
   h.rank = get<uint32_t>(p);
   h.targetRank = get<uint32_t>(p);
   h.worldSize = get<uint32_t>(p);
-  h.activeMtu = get<uint32_t>(p);
+  h.activeMtu = get<uint16_t>(p);
+  h.slotsPerPeer = get<uint16_t>(p);
+  h.slotBytes = get<uint32_t>(p);
+  h.slotBase = get<uint64_t>(p);
+  h.slotRkey = get<uint32_t>(p);
   std::copy_n(p, kProofBytes, h.proof.begin());
   return h;
 }
@@ -108,7 +122,7 @@ std::optional<RejectReason> decodeReject(std::span<const uint8_t> bytes) {
   if (get<uint32_t>(p) != (kMagic ^ 0xffffffffu)) return std::nullopt;
   get<uint16_t>(p);
   auto reason = get<uint8_t>(p);
-  if (reason < 1 || reason > static_cast<uint8_t>(RejectReason::GroupFormed)) return std::nullopt;
+  if (reason < 1 || reason > static_cast<uint8_t>(RejectReason::Crossed)) return std::nullopt;
   return static_cast<RejectReason>(reason);
 }
 
@@ -120,6 +134,10 @@ std::optional<RejectReason> validate(const Hello& h, const Expectation& e) {
     return RejectReason::BadRank;
   }
   if (h.qpIndex >= e.qpsPerPeer) return RejectReason::BadQpIndex;
+  if ((h.slotsPerPeer == 0) != (e.slotsPerPeer == 0)) return RejectReason::ConnectModeMismatch;
+  if (h.slotsPerPeer != e.slotsPerPeer || h.slotBytes != e.slotBytes) {
+    return RejectReason::SlotMismatch;
+  }
   // Last, so that a member of the group with another configuration learns
   // what differs rather than "wrong token".
   const auto proof = expectedProof(h, e.secret, e.direction, e.senderQpn);

@@ -19,9 +19,10 @@
 namespace rdmacc::handshake {
 
 constexpr uint32_t kMagic = 0x43434452;  // "RDCC"
-constexpr uint16_t kVersion = 4;
+constexpr uint16_t kVersion = 5;
 constexpr size_t kProofBytes = 16;
-constexpr size_t kHelloBytes = 24 + kProofBytes;  // fits the 56 bytes of an IB CM REQ
+constexpr size_t kHelloBytes = 40 + kProofBytes;  // all 56 bytes of an IB CM REQ's private data
+static_assert(kHelloBytes <= 56, "rdma_cm carries 56 bytes of private data in a request");
 constexpr size_t kRejectBytes = 8;
 
 // Sent by the connecting side in the REQ and by the accepting side in the REP.
@@ -31,7 +32,15 @@ struct Hello {
   uint32_t rank = 0;        // sender
   uint32_t targetRank = 0;  // receiver
   uint32_t worldSize = 0;
-  uint32_t activeMtu = 0;                    // sender port's active MTU, bytes
+  uint16_t activeMtu = 0;  // sender port's active MTU, bytes
+  // Connected on first use (RDMACC_CONNECT): the sender's slots for the
+  // receiver, which writes into them with this rkey from slotBase on. Zero
+  // when the group connects eagerly (the slot tables then go through the
+  // store or the launcher's fence).
+  uint16_t slotsPerPeer = 0;
+  uint32_t slotBytes = 0;
+  uint64_t slotBase = 0;
+  uint32_t slotRkey = 0;
   std::array<uint8_t, kProofBytes> proof{};  // see seal()
 };
 
@@ -47,6 +56,11 @@ enum class RejectReason : uint8_t {
   Duplicate,
   BadQpIndex,
   GroupFormed,
+  ConnectModeMismatch,
+  SlotMismatch,
+  // Both ranks connected to each other at once: the connection the higher
+  // rank started wins, the lower rank's is refused with this.
+  Crossed,
 };
 const char* toString(RejectReason reason) noexcept;
 
@@ -70,6 +84,10 @@ struct Expectation {
   Direction direction = Direction::Request;  // of the hello received
   uint32_t senderQpn = 0;                    // as rdma_cm reported it with the hello
   uint32_t qpsPerPeer = 1;
+  // This rank's slots per peer and slot size when connecting on first use
+  // (the sender must use the same); 0 when the group connects eagerly.
+  uint16_t slotsPerPeer = 0;
+  uint32_t slotBytes = 0;
   // Inclusive range of ranks allowed to send this hello.
   uint32_t minPeer = 0;
   uint32_t maxPeer = 0;

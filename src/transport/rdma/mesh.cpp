@@ -40,10 +40,46 @@ std::string publishedHex(Store& store, const std::string& key) {
 
 }  // namespace
 
+// Lazy: every rank's "ip:port" at once (the launcher's fence, or one record
+// per rank in the store, which also waits for every rank to arrive).
+std::vector<std::optional<std::pair<std::string, uint16_t>>> Mesh::exchangeAddresses(
+    Store& store, const MeshOptions& options, const std::string& mine) {
+  std::vector<int> everyone, wanted;
+  for (int peer = 0; peer < size_; ++peer) {
+    everyone.push_back(peer);
+    if (connects(peer)) wanted.push_back(peer);
+  }
+  const std::string prefix = "rdmacc/mesh/" + options.group + "/address";
+  const std::vector<Bytes> records =
+      exchangeRecords(store, options.allGather, prefix, rank_, toBytes(mine), everyone, wanted);
+  std::vector<std::optional<std::pair<std::string, uint16_t>>> addresses(
+      static_cast<size_t>(size_));
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const int peer = wanted[i];
+    const std::string text = toString(records[i]);
+    const auto colon = text.rfind(':');
+    const std::string key = fmt::format("{}/{}", prefix, peer);
+    const auto port = colon == std::string::npos
+                          ? 0
+                          : storeNumber(std::string_view(text).substr(colon + 1), 65535, key);
+    if (port == 0 || colon > 64) {
+      throw Error(ErrorKind::Protocol,
+                  fmt::format("rank {} published the malformed address '{}' ({})", peer,
+                              text.substr(0, 80), key),
+                  "every rank must run the same rdmacc version");
+    }
+    addresses[static_cast<size_t>(peer)].emplace(text.substr(0, colon),
+                                                 static_cast<uint16_t>(port));
+    peerAddresses_[static_cast<size_t>(peer)] = text;
+  }
+  return addresses;
+}
+
 Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions options)
     : rank_(rank),
       size_(size),
-      qpsPerPeer_(static_cast<int>(config.getInt("RDMACC_QPS_PER_PEER"))) {
+      qpsPerPeer_(static_cast<int>(config.getInt("RDMACC_QPS_PER_PEER"))),
+      lazy_(options.lazy) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw Error(ErrorKind::InvalidArgument,
                 fmt::format("rank {} is not in a group of size {}", rank, size),
@@ -61,9 +97,9 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
   }
   PrefixStore groupStore("rdmacc/mesh/" + options.group,
                          std::shared_ptr<Store>(&store, [](Store*) {}));
-  auto connectTimeout = config.getDuration("RDMACC_CONNECT_TIMEOUT");
-  groupStore.setTimeout(connectTimeout);
-  auto deadline = deadlineAfter(connectTimeout);
+  connectTimeout_ = config.getDuration("RDMACC_CONNECT_TIMEOUT");
+  groupStore.setTimeout(connectTimeout_);
+  auto deadline = deadlineAfter(connectTimeout_);
   try {
     endpoint_ = options.endpoint ? *options.endpoint : selectEndpoint(config);
     if (const ForkSafety fork = forkSafety(); fork.atRisk) {
@@ -88,7 +124,8 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     context_ = verbs::openDevice(endpoint_.device);
     verbs::makeAsyncNonBlocking(context_.get());  // read by the transport, never blocking
     pd_ = verbs::allocatePd(context_.get());
-    int peers = std::max(connectedPeers(), 1) * qpsPerPeer_;
+    // Lazy: room for a few connections, grown as more come (Connector::makeQp).
+    int peers = std::max(lazy_ ? std::min(connectedPeers(), 2) : connectedPeers(), 1) * qpsPerPeer_;
     cq_ = std::make_unique<verbs::CompletionQueue>(
         context_.get(),
         static_cast<int>(static_cast<uint32_t>(peers) * (params_.sendDepth + params_.recvDepth)));
@@ -114,23 +151,25 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     // With a shared key (RDMACC_AUTH_KEY) it is derived from the key and a
     // salt, so the store holds nothing that lets a stranger in; else rank 0
     // draws it and the store holds it.
-    std::string secret;
     if (const std::string key = auth::loadKey(config); !key.empty()) {
       if (rank == 0) groupStore.set("token-salt", toBytes(auth::randomHex()));
-      secret = auth::groupSecret(key, options.group, publishedHex(groupStore, "token-salt"));
+      secret_ = auth::groupSecret(key, options.group, publishedHex(groupStore, "token-salt"));
     } else if (rank == 0) {
-      secret = auth::randomHex();
-      groupStore.set("token", toBytes(secret));
+      secret_ = auth::randomHex();
+      groupStore.set("token", toBytes(secret_));
     } else {
-      secret = publishedHex(groupStore, "token");
+      secret_ = publishedHex(groupStore, "token");
     }
-    groupStore.set(fmt::format("addr/{}", rank),
-                   toBytes(fmt::format("{}:{}", endpoint_.ipv4, port)));
-    log(LogLevel::Info, "rank {}/{} listening on {}:{} ({} port {}, GID {} {}, MTU {})", rank, size,
-        endpoint_.ipv4, port, endpoint_.device, endpoint_.port, endpoint_.gidIndex, endpoint_.gid,
-        endpoint_.activeMtu);
-
-    connectPeers(groupStore, std::move(secret), deadline, connectTimeout);
+    const std::string address = fmt::format("{}:{}", endpoint_.ipv4, port);
+    log(LogLevel::Info, "rank {}/{} listening on {} ({} port {}, GID {} {}, MTU {}{})", rank, size,
+        address, endpoint_.device, endpoint_.port, endpoint_.gidIndex, endpoint_.gid,
+        endpoint_.activeMtu, lazy_ ? ", connecting on first use" : "");
+    if (lazy_) {
+      startConnector(exchangeAddresses(store, options, address));
+      return;
+    }
+    groupStore.set(fmt::format("addr/{}", rank), toBytes(address));
+    connectPeers(groupStore, deadline);
     log(LogLevel::Info, "rank {}: connected to all {} RDMA peers", rank, connectedPeers());
   } catch (const Error& e) {
     // Tell the others now rather than let them wait for their timeout.
@@ -165,6 +204,7 @@ int Mesh::eventFd() const noexcept {
 
 std::vector<int> Mesh::takeDisconnectedPeers() {
   std::vector<int> peers;
+  if (connector_) return takeLazilyDisconnected();
   if (!events_) return peers;
   while (auto event = events_->next(std::chrono::milliseconds(0))) {
     if (event->event == RDMA_CM_EVENT_CONNECT_REQUEST) {

@@ -1,15 +1,20 @@
 // The connection mesh: one protection domain, one completion queue, and
-// RDMACC_QPS_PER_PEER reliable-connected queue pairs to every other rank,
-// established through librdmacm with the group token checked on both sides.
+// RDMACC_QPS_PER_PEER reliable-connected queue pairs to other ranks,
+// established through librdmacm with the group token checked on both sides:
+// to every rank at formation (eager), or to a rank when a transfer first
+// names it (lazy, RDMACC_CONNECT; docs/decisions/010).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "rdmacc/config.hpp"
+#include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
 #include "rdmacc/topology.hpp"
 #include "verbs/cm.hpp"
@@ -24,6 +29,26 @@ struct MeshOptions {
   std::vector<bool> skip;
   // The port to use; none: selectEndpoint (RDMACC_IB_HCA and the local rank).
   std::optional<Endpoint> endpoint;
+  // Connect to a peer on first use (connect()) instead of to all at formation.
+  bool lazy = false;
+  // Lazy: the launcher's exchange for the addresses (empty: the store).
+  AllGather allGather;
+};
+
+// Where a rank's slots for one peer are (connections on first use carry it
+// in their hellos, src/transport/rdma/handshake.hpp).
+struct SlotAdvert {
+  uint16_t slots = 0;
+  uint32_t slotBytes = 0;
+  uint64_t base = 0;
+  uint32_t rkey = 0;
+};
+
+// What connecting on first use produced since the last look.
+struct MeshEvents {
+  std::vector<std::pair<int, SlotAdvert>> connected;  // every queue pair up; the peer's slots
+  std::vector<std::pair<int, Error>> failed;          // could not connect
+  bool any() const { return !connected.empty() || !failed.empty(); }
 };
 
 // Built and destroyed by one thread. Afterwards the QPs, PD and CQ may be
@@ -43,6 +68,8 @@ class Mesh {
   // Whether this mesh connects to peer (MeshOptions::skip), and to how many.
   bool connects(int peer) const { return peer != rank_ && !skip_.at(static_cast<size_t>(peer)); }
   int connectedPeers() const noexcept { return connectedPeers_; }
+  // Queue pairs up now (lazy: read by another thread, a count only).
+  int queuePairs() const noexcept { return queuePairs_.load(std::memory_order_relaxed); }
   const Endpoint& endpoint() const noexcept { return endpoint_; }
   ibv_context* context() const noexcept { return context_.get(); }
   ibv_pd* pd() const noexcept { return pd_.get(); }
@@ -55,18 +82,46 @@ class Mesh {
   const verbs::QpParams& qpParams() const noexcept { return params_; }
 
   // After the mesh formed: the rdma_cm event channel (readable when a peer
-  // disconnects) and the peers that disconnected since the last call.
+  // disconnects or, lazy, connects) and the peers that disconnected since
+  // the last call.
   int eventFd() const noexcept;
   std::vector<int> takeDisconnectedPeers();
 
+  // Connecting on first use (MeshOptions::lazy). localSlots(peer) gives
+  // this rank's slots for peer (registered on the first call), sent in the
+  // hello; every peer's are slotsPerPeer of slotBytes (a peer with others
+  // is refused). Set once, before the first connect() or progress().
+  bool lazy() const noexcept { return lazy_; }
+  void setLocalSlots(uint16_t slotsPerPeer, uint32_t slotBytes,
+                     std::function<SlotAdvert(int)> localSlots);
+  // Starts connecting to peer unless connected, connecting or failed.
+  void connect(int peer);
+  // Whether every queue pair to peer is up.
+  bool connected(int peer) const;
+  // Takes the rdma_cm events waiting (never blocks): requests from peers are
+  // accepted, attempts move on, retries and deadlines fire.
+  MeshEvents progressConnections();
+  // A message from peer arrived on a queue pair this rank accepted before
+  // rdma_cm said it is established (the peer's side was; the RTU is on its
+  // way): the accepted queue pairs count as up now.
+  void establishEarly(int peer);
+  // Whether connections are being made (progressConnections has work).
+  bool connecting() const noexcept { return connecting_; }
+  // Whether an attempt of this rank waits for a retry (progressConnections
+  // must run again within kRetryDelay although no event may come).
+  bool retrying() const;
+
  private:
   struct Connection;  // src/transport/rdma/mesh_connection.hpp
-  struct Setup;       // src/transport/rdma/mesh_setup.cpp
+  struct Connector;   // src/transport/rdma/mesh_connector.cpp
 
-  // The handshake with every peer this rank connects to (transport/rdma/mesh_setup.cpp).
-  void connectPeers(Store& groupStore, std::string secret,
-                    std::chrono::steady_clock::time_point deadline,
-                    std::chrono::milliseconds connectTimeout);
+  // Eager: the handshake with every peer this rank connects to.
+  void connectPeers(Store& groupStore, std::chrono::steady_clock::time_point deadline);
+  // Lazy: every peer's (ip, port), and the connector given them.
+  std::vector<std::optional<std::pair<std::string, uint16_t>>> exchangeAddresses(
+      Store& store, const MeshOptions& options, const std::string& mine);
+  std::vector<int> takeLazilyDisconnected();
+  void startConnector(std::vector<std::optional<std::pair<std::string, uint16_t>>> addresses);
 
   int rank_;
   int size_;
@@ -80,8 +135,17 @@ class Mesh {
   verbs::CmIdPtr listenId_;
   std::vector<bool> skip_;  // MeshOptions::skip, one entry per rank
   int connectedPeers_ = 0;  // ranks that are neither this one nor skipped
+  std::atomic<int> queuePairs_{0};
   std::vector<std::unique_ptr<Connection>> connections_;  // [peer * qpsPerPeer + index]
   std::vector<std::string> peerAddresses_;
+  std::string secret_;  // keys the hellos' proofs (src/transport/rdma/handshake.hpp)
+  std::chrono::milliseconds connectTimeout_{};
+  bool lazy_ = false;
+  bool connecting_ = false;  // lazy: attempts or retries under way
+  struct DropConnector {     // defined where Connector is
+    void operator()(Connector* connector) const;
+  };
+  std::unique_ptr<Connector, DropConnector> connector_;  // lazy: alive as long as the mesh
 };
 
 }  // namespace rdmacc

@@ -1,5 +1,5 @@
 // A mesh's connection to one peer (one queue pair): shared by transport/rdma/mesh.cpp and
-// transport/rdma/mesh_setup.cpp, private to them.
+// transport/rdma/mesh_connector.cpp, private to them.
 #pragma once
 
 #include "src/transport/rdma/mesh.hpp"
@@ -10,6 +10,7 @@ struct Mesh::Connection {
   verbs::CmIdPtr id;  // the QP below is destroyed first
   verbs::QpPtr qp;
   int pathMtu = 0;
+  SlotAdvert remote;  // lazy: the peer's slots for this rank, from its hello
 };
 
 }  // namespace rdmacc

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
 #include "src/store/store_util.hpp"
 #include "src/transport/rdma/board_words.hpp"
 #include "src/transport/rdma/transport.hpp"
@@ -54,6 +55,20 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& o
   retryBudget_ = 4.096e-6 * static_cast<double>(uint64_t{1} << qp.ackTimeout) * (qp.retryCount + 1);
   stallLimit_ =
       std::max(std::chrono::duration<double>(2 * retryBudget_), std::chrono::duration<double>(5.0));
+  peers_.resize(static_cast<size_t>(size_));
+  if (mesh.lazy()) {
+    // Slots come with connections (the hellos carry them); no board, which
+    // would need every peer connected.
+    if (slotsPerPeer_ > UINT16_MAX || slotBytes_ > UINT32_MAX) {
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("{} slots of {} bytes do not fit a connection's hello", slotsPerPeer_,
+                              slotBytes_),
+                  "lower RDMACC_SLOTS_PER_PEER or RDMACC_SLOT_BYTES, or set RDMACC_CONNECT=eager");
+    }
+    mesh.setLocalSlots(static_cast<uint16_t>(slotsPerPeer_), static_cast<uint32_t>(slotBytes_),
+                       [this](int rank) { return localSlots(rank); });
+    return;
+  }
   // A group of one has no peers; its regions are a token slot.
   size_t region =
       size_ == 1 ? slotBytes_
@@ -62,7 +77,63 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& o
   stagingRegion_ = PageBuffer(region);
   stagingMr_ =
       verbs::registerMemory(mesh.pd(), stagingRegion_.data(), region, IBV_ACCESS_LOCAL_WRITE);
+  for (int rank = 0; rank < size_; ++rank) {
+    if (rank == rank_) continue;
+    peer(rank).recvBase = recvRegion_.data() + slotOffset(rank, 0);
+    peer(rank).stagingBase = stagingRegion_.data() + slotOffset(rank, 0);
+    peer(rank).stagingLkey = stagingMr_->lkey;
+  }
   connect(store, options.allGather, options.group, options.rdmaOneShotBytes);
+}
+
+SlotAdvert RdmaTransport::localSlots(int rank) {
+  PeerState& p = peer(rank);
+  const size_t bytes = static_cast<size_t>(slotsPerPeer_) * slotBytes_;
+  if (!p.recvMr) {
+    p.recv = PageBuffer(bytes);
+    p.staging = PageBuffer(bytes);
+    // Its own registration: the rkey lets this peer write its slots, nothing else.
+    p.recvMr = verbs::registerMemory(mesh_.pd(), p.recv.data(), bytes, verbs::kRemoteWriteAccess);
+    p.stagingMr =
+        verbs::registerMemory(mesh_.pd(), p.staging.data(), bytes, IBV_ACCESS_LOCAL_WRITE);
+    p.recvBase = p.recv.data();
+    p.stagingBase = p.staging.data();
+    p.stagingLkey = p.stagingMr->lkey;
+  }
+  return {.slots = static_cast<uint16_t>(slotsPerPeer_),
+          .slotBytes = static_cast<uint32_t>(slotBytes_),
+          .base = reinterpret_cast<uintptr_t>(p.recv.data()),
+          .rkey = p.recvMr->rkey};
+}
+
+void RdmaTransport::takeConnectionEvents() {
+  if (!mesh_.lazy()) return;
+  MeshEvents events = mesh_.progressConnections();
+  for (const auto& [rank, remote] : events.connected) {
+    // The handshake checked the geometry; the base is the peer's to choose.
+    attach(rank, remote.base, remote.rkey);
+    log(LogLevel::Debug, "rank {}: connected to rank {} on first use", rank_, rank);
+  }
+  for (auto& [rank, error] : events.failed) asyncFailures_.emplace_back(rank, std::move(error));
+}
+
+void RdmaTransport::attach(int rank, uint64_t remoteBase, uint32_t rkey) {
+  PeerState& p = peer(rank);
+  p.lanes.resize(static_cast<size_t>(mesh_.qpsPerPeer()));
+  for (size_t i = 0; i < p.lanes.size(); ++i) {
+    p.lanes[i].qp = mesh_.qp(rank, static_cast<int>(i));
+    p.lanes[i].maxInline = verbs::maxInlineData(p.lanes[i].qp);
+  }
+  p.remoteBase = remoteBase;
+  p.rkey = rkey;
+  p.window = SlotWindow(slotsPerPeer_);
+  p.freeStaging.clear();
+  for (int i = 0; i < slotsPerPeer_; ++i) p.freeStaging.push_back(slotsPerPeer_ - 1 - i);
+  p.slotWrites.resize(static_cast<size_t>(slotsPerPeer_));
+  for (Lane& lane : p.lanes) {
+    lane.posted.reserve(mesh_.qpParams().sendDepth);
+    lane.mark = std::chrono::steady_clock::now();  // the stall watch starts now (checkStalls)
+  }
 }
 
 // The one-shot board this rank offers: RDMACC_RDMA_ONE_SHOT_BYTES, as far as
@@ -107,7 +178,6 @@ void RdmaTransport::connect(Store& store, const AllGather& allGather, const std:
       boardRkeys += fmt::format("{}{}", boardRkeys.empty() ? "" : ",", boardMrs_.back()->rkey);
     }
   }
-  peers_.resize(static_cast<size_t>(size_));
   size_t groupBoard = boardBytes;
   // Every peer's slot record at once (O(N) requests per group). Every rank
   // of the group has this transport (a group on several hosts gives each
@@ -172,19 +242,8 @@ void RdmaTransport::connect(Store& store, const AllGather& allGather, const std:
           .hint = "set RDMACC_SLOTS_PER_PEER and RDMACC_SLOT_BYTES the same on every rank"});
     }
     // Peers reached through shared memory have no queue pairs (no lanes).
-    if (!mesh_.connects(rank)) continue;
-    PeerState& p = peer(rank);
-    p.lanes.resize(static_cast<size_t>(mesh_.qpsPerPeer()));
-    for (size_t i = 0; i < p.lanes.size(); ++i) {
-      p.lanes[i].qp = mesh_.qp(rank, static_cast<int>(i));
-      p.lanes[i].maxInline = verbs::maxInlineData(p.lanes[i].qp);
-    }
-    p.remoteBase = base + mine * static_cast<uint64_t>(slots) * slotBytes;
-    p.rkey = rkey;
-    p.window = SlotWindow(slots);
-    for (int i = 0; i < slots; ++i) p.freeStaging.push_back(slots - 1 - i);
-    p.slotWrites.resize(static_cast<size_t>(slots));
-    for (Lane& lane : p.lanes) lane.posted.reserve(mesh_.qpParams().sendDepth);
+    if (mesh_.connects(rank))
+      attach(rank, base + mine * static_cast<uint64_t>(slots) * slotBytes, rkey);
   }
   setUpBoard(groupBoard);
 }

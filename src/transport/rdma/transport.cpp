@@ -49,6 +49,11 @@ bool RdmaTransport::trySend(int to, const Header& header, const uint8_t* data,
                             const std::shared_ptr<ZeroCopyWrites>& owner,
                             std::optional<DirectTarget> direct) {
   PeerState& p = peer(to);
+  if (p.lanes.empty()) {  // not connected yet (lazy): the connection starts now
+    mesh_.connect(to);
+    if (mesh_.connecting()) takeConnectionEvents();
+    return false;
+  }
   size_t laneIndex = header.kind == MessageKind::Collective ? p.nextLane : 0;
   Lane& lane = p.lanes[laneIndex];
   if (!p.window.canSend(creditReserve_) || p.freeStaging.empty() ||
@@ -74,7 +79,7 @@ bool RdmaTransport::trySend(int to, const Header& header, const uint8_t* data,
   // The payload: after the header in the slot, or gathered from the user's
   // registered buffer; to the slot, or (direct) to the peer's destination.
   const void* payloadAt = registration ? data : slot + kHeaderBytes;
-  uint32_t payloadKey = registration ? registration->lkey : stagingMr_->lkey;
+  uint32_t payloadKey = registration ? registration->lkey : p.stagingLkey;
   std::array<verbs::WriteRequest, 2> wrs;
   size_t count = 0;
   if (direct && header.payload > 0) {
@@ -90,7 +95,7 @@ bool RdmaTransport::trySend(int to, const Header& header, const uint8_t* data,
   w = verbs::WriteRequest{
       .wrId = wrId,
       .local = slot,
-      .lkey = stagingMr_->lkey,
+      .lkey = p.stagingLkey,
       .length = static_cast<uint32_t>(kHeaderBytes + (registration || direct ? 0 : header.payload)),
       .remoteAddr = p.remoteBase + static_cast<uint64_t>(remote) * slotBytes_,
       .rkey = p.rkey,
@@ -175,6 +180,8 @@ bool RdmaTransport::flushCredits() {
 
 bool RdmaTransport::poll(TransportSink& sink) {
   if (++pollsSinceAsync_ >= kAsyncPollEvery) takeAsyncEvents();
+  // Lazy: while connections are being made (else takeDisconnected looks).
+  if (mesh_.connecting()) takeConnectionEvents();
   if (!asyncFailures_.empty()) deliverAsyncFailures(sink);
   std::array<ibv_wc, 64> wcs;
   int n = mesh_.cq().poll(wcs);
@@ -194,6 +201,14 @@ bool RdmaTransport::poll(TransportSink& sink) {
       continue;
     }
     PeerState& p = peer(from);
+    if (p.lanes.empty()) {  // lazy: it wrote before rdma_cm told us the connection is up
+      mesh_.establishEarly(from);
+      takeConnectionEvents();
+      if (p.lanes.empty()) {
+        throw Error(ErrorKind::Internal,
+                    fmt::format("a completion from rank {}, which has no connection", from));
+      }
+    }
     if (id.kind == WrKind::Recv) {
       onReceive(sink, from, id.qp,
                 wire::Completion{.rdmaWriteWithImm = wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM,
@@ -236,8 +251,7 @@ void RdmaTransport::onReceive(TransportSink& sink, int from, size_t laneIndex,
   const wire::Limits limits{.slotsPerPeer = slotsPerPeer_, .slotBytes = slotBytes_};
   Incoming in;
   bool message = false;
-  if (auto bad = p.window.accept(completion, recvRegion_.data() + slotOffset(from, 0), limits,
-                                 arrivals_, in, message)) {
+  if (auto bad = p.window.accept(completion, p.recvBase, limits, arrivals_, in, message)) {
     throw protocolViolation(from, peerAddress(from), *bad);
   }
   if (!message) return;
@@ -250,6 +264,12 @@ void RdmaTransport::onReceive(TransportSink& sink, int from, size_t laneIndex,
 
 void RdmaTransport::probe(int to) {
   PeerState& p = peer(to);
+  // An operation waits for a peer not connected yet (lazy): connecting is
+  // the probe; a peer that no longer listens fails at once (Mesh).
+  if (p.lanes.empty()) {
+    mesh_.connect(to);
+    return;
+  }
   for (size_t i = 0; i < p.lanes.size(); ++i) {
     Lane& lane = p.lanes[i];
     // Writes outstanding and not one completed since the previous probe (a
@@ -283,6 +303,10 @@ void RdmaTransport::probe(int to) {
 
 std::string RdmaTransport::describePeer(int to) const {
   const PeerState& p = peer(to);
+  if (p.lanes.empty()) {
+    return mesh_.lazy() ? "RDMA: not connected (connections start on first use)"
+                        : "RDMA: no queue pair";
+  }
   std::string lanes;
   for (const Lane& lane : p.lanes) {
     lanes += fmt::format(", queue {}/{} ({} unsignaled at the back)", lane.sendQueueUsed(),

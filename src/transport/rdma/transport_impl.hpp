@@ -72,6 +72,14 @@ struct PeerState {
   // This rank's entries in the peer's one-shot board (transport/rdma/board.cpp).
   uint64_t boardRemote = 0;
   uint32_t boardRkey = 0;
+  // Where the peer's slots sit in this process: what it writes into, what we
+  // write from. Eager: inside the transport's two regions; lazy: the peer's
+  // own buffers and registrations, made when the connection starts.
+  uint8_t* recvBase = nullptr;
+  uint8_t* stagingBase = nullptr;
+  uint32_t stagingLkey = 0;
+  PageBuffer recv, staging;
+  verbs::MrPtr recvMr, stagingMr;
 };
 
 // Entries per source in a one-shot board: two, used alternately. A rank
@@ -93,12 +101,15 @@ class RdmaTransport final : public Transport, public Board {
   void reserveCredits(size_t slots) override { creditReserve_ = slots; }
   std::string describePeer(int peer) const override;
   const uint8_t* payload(int peer, int slot) const override {
-    return recvRegion_.data() + slotOffset(peer, slot) + wire::kHeaderBytes;
+    return this->peer(peer).recvBase + static_cast<size_t>(slot) * slotBytes_ + wire::kHeaderBytes;
   }
   void release(int peer, int slot) override;
   bool poll(TransportSink& sink) override;
   bool flushCredits() override;
-  std::vector<int> takeDisconnected() override { return mesh_.takeDisconnectedPeers(); }
+  std::vector<int> takeDisconnected() override {
+    takeConnectionEvents();  // lazy: requests, established and ended connections
+    return mesh_.takeDisconnectedPeers();
+  }
   Departure departure(int) const override {
     return {"rdma_get_cm_event", "RDMA_CM_EVENT_DISCONNECTED"};
   }
@@ -123,6 +134,7 @@ class RdmaTransport final : public Transport, public Board {
   void consumeEvents() override {
     mesh_.cq().drainEvents();
     takeAsyncEvents();
+    takeConnectionEvents();
   }
   void drain(const std::vector<bool>& dead) override;
   void probe(int peer) override;
@@ -156,13 +168,20 @@ class RdmaTransport final : public Transport, public Board {
            slotBytes_;
   }
   uint8_t* stagingSlot(int peer, int slot) {
-    return stagingRegion_.data() + slotOffset(peer, slot);
+    return this->peer(peer).stagingBase + static_cast<size_t>(slot) * slotBytes_;
   }
   PeerState& peer(int rank) { return peers_[static_cast<size_t>(rank)]; }
   const PeerState& peer(int rank) const { return peers_[static_cast<size_t>(rank)]; }
 
   void connect(Store& store, const AllGather& allGather, const std::string& group,
                size_t boardBytes);
+  // A peer's lanes, credits and staging once its queue pairs are up.
+  void attach(int rank, uint64_t remoteBase, uint32_t rkey);
+  // Connecting on first use (Mesh::lazy): this rank's slots for a peer,
+  // registered on the first call; connections that came up are attached,
+  // those that failed reported with the async failures.
+  SlotAdvert localSlots(int rank);
+  void takeConnectionEvents();
   int signalRun() const { return std::max(1, slotsPerPeer_ / 4); }
   bool mustSignal(const PeerState& p, const Lane& lane, bool usesStaging) const;
   static void posted(Lane& lane, int staging, bool signaled) {

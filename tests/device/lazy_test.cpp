@@ -1,0 +1,186 @@
+// RDMA connections made on first use (RDMACC_CONNECT=lazy, src/transport/rdma/mesh.hpp):
+// what a rank holds grows with the peers its operations talk to, first
+// contacts in any order connect every pair once, groups come and go without
+// leaking, and a peer that died before anyone contacted it is named. Run
+// under `rdmacc-run -n 4` (or more) with RDMACC_TRANSPORT=rdma.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "rdmacc/backend.hpp"
+#include "rdmacc/error.hpp"
+
+namespace rdmacc {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<VerbsBackend> lazyGroup(const std::string& name) {
+  VerbsBackend::Options options;
+  options.groupName = name;
+  options.config = {{"RDMACC_CONNECT", "lazy"}};
+  return initFromEnvironment(options);
+}
+
+// Entries of a /proc/self directory, or lines of a /proc/self file.
+size_t countEntries(const char* dir) {
+  size_t n = 0;
+  if (DIR* d = ::opendir(dir)) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+size_t countLines(const char* path) {
+  std::ifstream in(path);
+  return static_cast<size_t>(
+      std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n'));
+}
+long statusKiB(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field, 0) == 0) return std::stol(line.substr(field.size()));
+  }
+  return -1;
+}
+
+TEST(Lazy, QueuePairsGrowWithThePeersOperationsUse) {
+  auto g = lazyGroup("lazy-growth");
+  const int rank = g->getRank(), size = g->getSize();
+  ASSERT_GE(size, 4);
+  EXPECT_EQ(g->queuePairs(), 0) << "formation connected nobody";
+  // A ring allreduce talks to the two neighbours only.
+  std::vector<float> data(1 << 18, 1.0f);
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
+  g->allreduce(t, AllreduceOptions{.algorithm = Algorithm::Ring})->wait();
+  for (float x : data) ASSERT_EQ(x, static_cast<float>(size));
+  EXPECT_EQ(g->queuePairs(), 2) << "rank " << rank << " after a ring allreduce";
+  // An alltoall talks to everyone.
+  std::vector<int32_t> in(static_cast<size_t>(size)), out(static_cast<size_t>(size), -1);
+  for (int p = 0; p < size; ++p) in[static_cast<size_t>(p)] = rank * 1000 + p;
+  Tensor ti{in.data(), in.size(), DataType::Int32}, to{out.data(), out.size(), DataType::Int32};
+  std::vector<int64_t> even;
+  g->alltoall_base(to, ti, even, even)->wait();
+  for (int p = 0; p < size; ++p) ASSERT_EQ(out[static_cast<size_t>(p)], p * 1000 + rank);
+  EXPECT_EQ(g->queuePairs(), size - 1);
+  g->barrier()->wait();
+}
+
+// Every rank sends to every other in its own random order while receiving
+// in another: pairs meet from one side, the other or both at once (the
+// higher rank's connection wins), and each pair ends with one connection.
+TEST(Lazy, FirstContactsInAnyOrderConnectEveryPairOnce) {
+  auto g = lazyGroup("lazy-order");
+  const int rank = g->getRank(), size = g->getSize();
+  const unsigned seed = static_cast<unsigned>(Clock::now().time_since_epoch().count()) + rank;
+  std::mt19937 random(seed);
+  std::vector<int> peers;
+  for (int p = 0; p < size; ++p) {
+    if (p != rank) peers.push_back(p);
+  }
+  for (int round = 0; round < 3; ++round) {
+    std::vector<int> sendOrder = peers, recvOrder = peers;
+    std::shuffle(sendOrder.begin(), sendOrder.end(), random);
+    std::shuffle(recvOrder.begin(), recvOrder.end(), random);
+    std::vector<std::vector<int64_t>> outgoing(static_cast<size_t>(size)),
+        incoming(static_cast<size_t>(size));
+    std::vector<std::shared_ptr<Work>> works;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const int to = sendOrder[i], from = recvOrder[i];
+      auto& o = outgoing[static_cast<size_t>(to)];
+      o.assign(4096, rank * 100 + to + round * 10000);
+      std::vector<Tensor> ts{Tensor{o.data(), o.size(), DataType::Int64}};
+      works.push_back(g->send(ts, to, round));
+      auto& r = incoming[static_cast<size_t>(from)];
+      r.assign(4096, -1);
+      std::vector<Tensor> tr{Tensor{r.data(), r.size(), DataType::Int64}};
+      works.push_back(g->recv(tr, from, round));
+    }
+    for (auto& w : works) w->wait();
+    for (int from : peers) {
+      for (int64_t x : incoming[static_cast<size_t>(from)]) {
+        ASSERT_EQ(x, from * 100 + rank + round * 10000) << "seed " << seed << " from " << from;
+      }
+    }
+  }
+  EXPECT_EQ(g->queuePairs(), size - 1) << "seed " << seed;
+  g->barrier()->wait();
+}
+
+// Groups formed, used by every pair and destroyed in a loop: descriptors,
+// threads, mappings and pinned memory come back to where they were after
+// the first round (which may warm caches).
+TEST(Lazy, GroupsComeAndGoWithoutLeaking) {
+  auto measure = [] {
+    return std::array<long, 4>{static_cast<long>(countEntries("/proc/self/fd")),
+                               static_cast<long>(countEntries("/proc/self/task")),
+                               static_cast<long>(countLines("/proc/self/maps")),
+                               statusKiB("VmPin:")};
+  };
+  std::array<long, 4> first{};
+  for (int round = 0; round < 6; ++round) {
+    {
+      auto g = lazyGroup(fmt::format("lazy-loop-{}", round));
+      const int size = g->getSize();
+      std::vector<int32_t> in(static_cast<size_t>(size) * 64, g->getRank()), out(in.size(), -1);
+      Tensor ti{in.data(), in.size(), DataType::Int32}, to{out.data(), out.size(), DataType::Int32};
+      std::vector<int64_t> even;
+      g->alltoall_base(to, ti, even, even)->wait();
+      ASSERT_EQ(g->queuePairs(), size - 1);
+      g->barrier()->wait();
+    }
+    const auto now = measure();
+    if (round == 0) {
+      first = now;
+      continue;
+    }
+    EXPECT_EQ(now[0], first[0]) << "descriptors after round " << round;
+    EXPECT_EQ(now[1], first[1]) << "threads after round " << round;
+    EXPECT_LE(now[2], first[2] + 2) << "mappings after round " << round;
+    EXPECT_EQ(now[3], first[3]) << "pinned KiB after round " << round;
+  }
+}
+
+// The last rank leaves right after formation, before anyone contacted it:
+// a rank that sends to it and one that waits to receive from it both learn
+// of it within the operation's timeout, naming it.
+TEST(Lazy, APeerGoneBeforeFirstContactIsNamed) {
+  auto g = lazyGroup("lazy-gone");
+  const int rank = g->getRank(), size = g->getSize();
+  const int victim = size - 1;
+  if (rank == victim) {
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  std::this_thread::sleep_for(300ms);
+  std::vector<float> data(1024, 1.0f);
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
+  const auto start = Clock::now();
+  auto w = rank == 0 ? g->send(t, victim, 1) : g->recv(t, victim, 1);
+  std::string error;
+  try {
+    w->wait(20s);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const auto took = Clock::now() - start;
+  EXPECT_NE(error.find(fmt::format("rank {}", victim)), std::string::npos) << error;
+  EXPECT_LT(took, 15s) << error;
+}
+
+}  // namespace
+}  // namespace rdmacc
