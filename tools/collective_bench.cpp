@@ -160,9 +160,13 @@ class CollectiveBench::Impl {
     // or exchanged buffer (reduce_scatter: its input; sendrecv: the receive).
     bufs_.clear();
     outs_.clear();
+    // Only the collectives that read or write outBuf() get one: N times the
+    // size for every allreduce would make a rank's memory grow with N.
+    const bool gathered = c == "allgather" || c == "reduce_scatter" || c == "alltoall";
+    const size_t outCount = c == "sendrecv" ? count : gathered ? total : 0;
     for (int k = 0; k < std::max(1, args_.buffers); ++k) {
       bufs_.push_back(std::make_unique<Buffer>(args_.dtype, c == "alltoall" ? total : count));
-      outs_.push_back(std::make_unique<Buffer>(args_.dtype, c == "sendrecv" ? count : total));
+      outs_.push_back(std::make_unique<Buffer>(args_.dtype, outCount));
     }
     current_ = 0;
     parts_.clear();

@@ -65,6 +65,12 @@ struct Formation {
   double residentMiB = 0;
   double threads = 0;                  // of the process (the largest rank's)
   std::vector<std::string> rdmaPorts;  // rank 0's, one per rail; empty: shared memory only
+  // After the measured operations (the largest rank's): RDMA queue pairs,
+  // memory pinned for the device (VmPin: registrations), resident memory.
+  double queuePairsAfter = 0;
+  double pinnedMiBAfter = 0;
+  double residentMiBAfter = 0;
+  double fastestMilliseconds = 0;  // the last rank to arrive: formation without waiting
 };
 void writeJson(const Args& args, int ranks, const Formation& formation,
                const std::vector<Row>& rows, double avgBusbw);

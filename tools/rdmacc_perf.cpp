@@ -326,9 +326,14 @@ int runCollective(const Args& args) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - formStart)
           .count(),
       processStatus("VmRSS:"), processStatus("Threads:")};
+  // ... and the fastest rank's time: the last to arrive, which waited for
+  // nobody (the slowest includes the launcher's start-up spread).
+  double fastest = formed[0];
   {
     std::vector<Tensor> t{Tensor{formed.data(), formed.size(), DataType::Float64}};
     backend->allreduce(t, AllreduceOptions{.reduceOp = ReduceOp::Max})->wait();
+    std::vector<Tensor> f{Tensor{&fastest, 1, DataType::Float64}};
+    backend->allreduce(f, AllreduceOptions{.reduceOp = ReduceOp::Min})->wait();
   }
   CollectiveBench bench(args, backend);
   Case c = bench.describe();
@@ -342,9 +347,9 @@ int runCollective(const Args& args) {
                ports.empty() ? std::string("no RDMA port (shared memory)")
                              : fmt::format("RDMA port {}", fmt::join(ports, ", ")));
     fmt::print(
-        "# group of {} ranks formed in {:.0f} ms (slowest rank), {:.1f} MiB resident, {:.0f} "
-        "threads (largest rank)\n",
-        backend->getSize(), formed[0], formed[1] / 1024, formed[2]);
+        "# group of {} ranks formed in {:.0f} ms (slowest rank; {:.0f} ms the fastest), {:.1f} MiB "
+        "resident, {:.0f} threads (largest rank)\n",
+        backend->getSize(), formed[0], fastest, formed[1] / 1024, formed[2]);
   }
   bool reduces = args.collective == "allreduce" || args.collective == "reduce" ||
                  args.collective == "reduce_scatter";
@@ -398,6 +403,14 @@ int runCollective(const Args& args) {
       std::fflush(stdout);
     }
   }
+  // What a rank holds after the operations (connections on first use grow
+  // with what they needed): the largest rank's.
+  std::array<double, 3> after{static_cast<double>(backend->queuePairs()), processStatus("VmPin:"),
+                              processStatus("VmRSS:")};
+  {
+    std::vector<Tensor> t{Tensor{after.data(), after.size(), DataType::Float64}};
+    backend->allreduce(t, AllreduceOptions{.reduceOp = ReduceOp::Max})->wait();
+  }
   if (lead) {
     if (progressLine) fmt::print(stderr, "\r{:60}\r", "");
     fmt::print("# Out of bounds values : {} {}\n", wrongTotal,
@@ -412,8 +425,9 @@ int runCollective(const Args& args) {
     }
     if (!args.json.empty())
       writeJson(args, backend->getSize(),
-                Formation{formed[0], formed[1] / 1024, formed[2], backend->rdmaPorts()}, rows,
-                busCount ? busSum / busCount : 0.0);
+                Formation{formed[0], formed[1] / 1024, formed[2], backend->rdmaPorts(), after[0],
+                          after[1] / 1024, after[2] / 1024, fastest},
+                rows, busCount ? busSum / busCount : 0.0);
   }
   backend->barrier()->wait();
   return wrongTotal == 0 ? 0 : 1;
