@@ -20,7 +20,7 @@ std::shared_ptr<Work> VerbsBackend::broadcast(std::vector<Tensor>& tensors,
                : algo == Algorithm::Tree
                    ? algorithms::treeBroadcast(rank_, size_, root, t.bytes())
                    : algorithms::hierarchicalBroadcast(rank_, s.hosts, root, t.bytes(),
-                                                       t.bytes() > s.treeMaxBytes);
+                                                       t.bytes() > s.choice.treeMaxBytes());
       });
   const Algorithm algo = op->schedule->algorithm;
   op->sendBase = op->recvBase = bytesOf(t);
@@ -121,7 +121,7 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
         return algo == Algorithm::Tree
                    ? algorithms::treeReduce(rank_, size_, root, t.bytes())
                    : algorithms::hierarchicalReduce(rank_, s.hosts, root, t.bytes(),
-                                                    t.bytes() > s.treeMaxBytes);
+                                                    t.bytes() > s.choice.treeMaxBytes());
       });
   uint8_t* acc = bytesOf(t);
   if (rank_ != root) {  // non-roots keep their input: accumulate in scratch

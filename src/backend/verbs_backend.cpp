@@ -99,12 +99,11 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   s.config = Config::load(options.config);
   s.defaultTimeout =
       options.timeout.count() >= 0 ? options.timeout : s.config.getDuration("RDMACC_TIMEOUT");
-  s.treeMaxBytes = static_cast<size_t>(s.config.getInt("RDMACC_TREE_MAX_BYTES"));
   s.scratchPool = std::make_shared<ScratchPool>(
       static_cast<size_t>(s.config.getInt("RDMACC_SCRATCH_CACHE_BYTES")));
-  s.readForcedAlgorithms();
+  TuningTable tuning;
   if (const std::string& file = s.config.getString("RDMACC_TUNE_FILE"); !file.empty()) {
-    s.tuning = TuningTable::load(file);
+    tuning = TuningTable::load(file);
   }
   if (!s.store) invalid("VerbsBackend needs a store", "pass a TCPStore, FileStore or HashStore");
   // Shared memory to the ranks on this host, RDMA to the others
@@ -120,6 +119,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
                   hostIdentity(s.config.getString("RDMACC_HOST_ID")),
                   fmt::format("RDMACC_TRANSPORT={} RDMACC_IB_RAILS={}", transport, railCount),
                   fmt::format("{}:{}", segment, ::getpid()), &shmRecords));
+  s.choice = AlgorithmChoice(s.config, std::move(tuning), s.hosts, size);
   std::vector<bool> shm(static_cast<size_t>(size), false);
   std::vector<int> remote;
   for (int peer = 0; peer < size; ++peer) {

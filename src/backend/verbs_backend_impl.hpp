@@ -16,7 +16,7 @@
 #include "rdmacc/environment.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
-#include "rdmacc/tuning.hpp"
+#include "src/backend/algorithm_choice.hpp"
 #include "src/backend/arguments.hpp"
 #include "src/engine/engine.hpp"
 #include "src/engine/event_trace.hpp"
@@ -29,7 +29,6 @@
 
 namespace rdmacc {
 
-constexpr int kLinearAlltoallMaxRanks = 8;          // Auto alltoall: every pair at once up to here
 constexpr uint32_t kInternalTagBase = 0x80000000u;  // user tags are non-negative ints
 
 inline Tensor& single(std::vector<Tensor>& tensors, const char* op) {
@@ -82,9 +81,8 @@ struct VerbsBackend::Impl {
   int size;
   Config config;
   std::chrono::milliseconds defaultTimeout;
-  size_t treeMaxBytes;
   size_t oneShotBytes = 0;  // the engine's (Engine::oneShotBytes), once it exists
-  TuningTable tuning;
+  AlgorithmChoice choice;   // which algorithm each collective runs
   algorithms::Hosts hosts;  // which ranks share a host: hierarchical algorithms
   std::string group;
   std::vector<std::unique_ptr<Mesh>> rails;          // one mesh per NIC; empty: no RDMA peer
@@ -121,13 +119,13 @@ struct VerbsBackend::Impl {
   std::vector<CachedPlan> plans;
   uint64_t planUses = 0;
 
-  // The plan for `shape`: cached, or chosen (choose(), for shape.type) and
-  // built (build(algorithm) returns the Schedule). A request choose()
+  // The plan for `shape`: cached, or chosen (choice, for shape.type) and
+  // built (build(algorithm) returns the Schedule). A request the choice
   // refuses throws and is not cached, so it throws again on every call.
   template <typename Build>
   std::shared_ptr<const Plan> planFor(const Shape& shape, Build&& build) {
     if (auto cached = cachedPlan(shape)) return cached;
-    const Algorithm algo = choose(shape.algorithm, shape.type, shape.bytes);
+    const Algorithm algo = choice.choose(shape.algorithm, shape.type, shape.bytes);
     return keepPlan(shape, std::make_shared<const Plan>(build(algo), algo));
   }
   std::shared_ptr<const Plan> cachedPlan(const Shape& shape) {
@@ -155,118 +153,6 @@ struct VerbsBackend::Impl {
 
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds t) const {
     return t.count() < 0 ? defaultTimeout : t;
-  }
-
-  // RDMACC_ALGO_<OP> (validated by Config), read once: a configuration
-  // lookup per call was a visible share of a small allreduce's cost.
-  struct Forced {
-    Algorithm allreduce = Algorithm::Auto, broadcast = Algorithm::Auto, reduce = Algorithm::Auto,
-              barrier = Algorithm::Auto;
-  } forcedAlgorithms;
-  void readForcedAlgorithms() {
-    auto read = [&](const char* name) {
-      return algorithmNamed(config.getString(name)).value_or(Algorithm::Auto);
-    };
-    forcedAlgorithms = {.allreduce = read("RDMACC_ALGO_ALLREDUCE"),
-                        .broadcast = read("RDMACC_ALGO_BROADCAST"),
-                        .reduce = read("RDMACC_ALGO_REDUCE"),
-                        .barrier = read("RDMACC_ALGO_BARRIER")};
-  }
-  Algorithm forced(OpType collective) const {
-    const Forced& f = forcedAlgorithms;
-    switch (collective) {
-      case OpType::Allreduce:
-        return f.allreduce;
-      case OpType::Broadcast:
-        return f.broadcast;
-      case OpType::Reduce:
-        return f.reduce;
-      case OpType::Barrier:
-        return f.barrier;
-      default:
-        return Algorithm::Auto;
-    }
-  }
-
-  // The collective whose algorithms an operation chooses among: the
-  // variants of a call (coalesced, _base) share their collective's.
-  static OpType selectionOf(OpType type) noexcept {
-    switch (type) {
-      case OpType::AllreduceCoalesced:
-        return OpType::Allreduce;
-      case OpType::AllgatherBase:
-      case OpType::AllgatherCoalesced:
-        return OpType::Allgather;
-      case OpType::ReduceScatterBase:
-        return OpType::ReduceScatter;
-      case OpType::AlltoallBase:
-        return OpType::Alltoall;
-      default:
-        return type;
-    }
-  }
-
-  // The call's choice, else RDMACC_ALGO_<OP> (allreduce, broadcast, reduce,
-  // barrier; validated by Config), else the tuning table (RDMACC_TUNE_FILE:
-  // allreduce, broadcast, allgather), else automatic(). `bytes` is the size
-  // the automatic choice goes by; the choice must be one of the collective's
-  // algorithms (algorithmsOf, by the name the tuning file also uses).
-  Algorithm choose(Algorithm requested, OpType type, size_t bytes) const {
-    const OpType collective = selectionOf(type);
-    const std::string_view name = toString(collective);
-    Algorithm algo = requested;
-    if (algo == Algorithm::Auto) algo = forced(collective);
-    if (algo == Algorithm::Auto) {
-      if (auto tuned = tuning.lookup(name, size, bytes)) algo = *tuned;
-    }
-    if (algo == Algorithm::Auto) algo = automatic(collective, bytes);
-    // RDMACC_ALGO_* and the tuning table were checked against the collective
-    // when read, automatic() picks only its own: the call's is checked here.
-    if (requested != Algorithm::Auto) {
-      const auto allowed = algorithmsOf(name);
-      if (std::find(allowed.begin(), allowed.end(), algo) == allowed.end()) {
-        std::string names;
-        for (Algorithm a : allowed)
-          names += fmt::format("{}{}", names.empty() ? "" : ", ", toString(a));
-        invalid(fmt::format("{} has no {} algorithm", name, toString(algo)),
-                fmt::format("use auto, {}", names));
-      }
-    }
-    if (algo == Algorithm::RecursiveDoubling && !algorithms::isPowerOfTwo(size)) {
-      invalid(fmt::format("recursive doubling needs a power-of-two group, not {} ranks", size),
-              "use ring or tree (or auto) for this group");
-    }
-    return algo;
-  }
-
-  // Hierarchical allreduce and barrier whenever the group is layered
-  // (measured: fewer and shared network steps); hierarchical broadcast and
-  // reduce only when ranks of a host are not consecutive: with consecutive
-  // ones the flat chain or tree already crosses each host boundary once, and
-  // forwards one copy per rank (docs/performance.md, the hierarchical table).
-  Algorithm automatic(OpType collective, size_t bytes) const {
-    // Latency-bound allgathers and reduce-scatters (by the gathered or whole
-    // size, the same on every rank) go to every rank at once, larger ones
-    // around the ring.
-    if (collective == OpType::Allgather || collective == OpType::ReduceScatter) {
-      return bytes <= treeMaxBytes ? Algorithm::Linear : Algorithm::Ring;
-    }
-    // Alltoall sizes may differ between ranks, so only the group decides:
-    // every pair at once in small groups, pairwise steps (no incast) in
-    // larger ones.
-    if (collective == OpType::Alltoall) {
-      return size <= kLinearAlltoallMaxRanks ? Algorithm::Linear : Algorithm::Pairwise;
-    }
-    const bool topological = collective == OpType::Allreduce || collective == OpType::Barrier;
-    if (hosts.layered() && (topological || !hosts.contiguous())) return Algorithm::Hierarchical;
-    if (collective == OpType::Barrier) return Algorithm::Dissemination;
-    if (collective == OpType::Reduce) return Algorithm::Tree;
-    if (bytes > treeMaxBytes) return Algorithm::Ring;
-    // Small allreduces in power-of-two groups: log2 n exchanges instead of a
-    // tree's 2 log2 n hops.
-    return collective == OpType::Allreduce && size > 1 && algorithms::isPowerOfTwo(size)
-               ? Algorithm::RecursiveDoubling
-               : Algorithm::Tree;
   }
 
   // The allgather plan of equal blocks that add up to shape.bytes (the
@@ -372,7 +258,7 @@ struct VerbsBackend::Impl {
                            .bytes = sendBlocks.front().bytes * sendBlocks.size()},
                      build);
     }
-    const Algorithm algo = choose(requested, type, 0);
+    const Algorithm algo = choice.choose(requested, type, 0);
     return std::make_shared<const Plan>(build(algo), algo);
   }
 
@@ -416,7 +302,7 @@ struct VerbsBackend::Impl {
             return algorithms::treeAllreduce(rank, size, bytes, avg);
           case Algorithm::Hierarchical:  // split the data over every rank when bandwidth-bound
             return algorithms::hierarchicalAllreduce(rank, hosts, count, es, avg,
-                                                     bytes > treeMaxBytes);
+                                                     bytes > choice.treeMaxBytes());
           default:
             return algorithms::recursiveDoublingAllreduce(rank, size, bytes, avg);
         }
@@ -442,7 +328,7 @@ struct VerbsBackend::Impl {
   }
 
   bool isOneShot(Algorithm algorithm, size_t bytes) const {
-    return algorithm == Algorithm::Auto && forcedAlgorithms.allreduce == Algorithm::Auto &&
+    return algorithm == Algorithm::Auto && choice.forced(OpType::Allreduce) == Algorithm::Auto &&
            size > 1 && bytes > 0 && bytes <= oneShotBytes;
   }
 

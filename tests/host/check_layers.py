@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Fails when a file under src/ or verbs/ includes a folder its row of
-src/README.md's table does not name (the layering rule, one direction)."""
+src/README.md's table does not name (the layering rule, one direction), or
+is longer than MAX_LINES (CONTRIBUTING.md: split a file along what it does
+before it gets there)."""
 import pathlib
 import re
 import sys
@@ -31,10 +33,15 @@ def folder(path: str):
     return "(top level)"
 
 
+MAX_LINES = 500
+
 bad = []
 for source in sorted(list((repo / "src").rglob("*.[ch]pp")) + list((repo / "verbs").rglob("*.[ch]pp"))):
     rel = source.relative_to(repo).as_posix()
     mine = folder(rel)
+    lines = len(source.read_text().splitlines())
+    if lines > MAX_LINES:
+        bad.append(f"{rel}: {lines} lines, more than {MAX_LINES}: split it along what it does")
     if mine not in rows:
         bad.append(f"{rel}: in no folder of src/README.md's table")
         continue
@@ -52,7 +59,7 @@ for source in sorted(list((repo / "src").rglob("*.[ch]pp")) + list((repo / "verb
 for b in bad:
     print(b)
 if bad:
-    print(f"check_layers: {len(bad)} include(s) break src/README.md's table: move the code down, or "
-          "change the table with the reason")
+    print(f"check_layers: {len(bad)} problem(s): move the code down or change src/README.md's table "
+          "with the reason; split files past the limit")
     sys.exit(1)
-print(f"check_layers: {len(rows)} folders, every include allowed")
+print(f"check_layers: {len(rows)} folders, every include allowed, no file over {MAX_LINES} lines")

@@ -113,7 +113,7 @@ class Mesh {
 
  private:
   struct Connection;  // src/transport/rdma/mesh_connection.hpp
-  struct Connector;   // src/transport/rdma/mesh_connector.cpp
+  struct Connector;   // src/transport/rdma/mesh_connector.hpp
 
   // Eager: the handshake with every peer this rank connects to.
   void connectPeers(Store& groupStore, std::chrono::steady_clock::time_point deadline);

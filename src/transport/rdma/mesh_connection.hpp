@@ -1,5 +1,5 @@
-// A mesh's connection to one peer (one queue pair): shared by transport/rdma/mesh.cpp and
-// transport/rdma/mesh_connector.cpp, private to them.
+// A mesh's connection to one peer (one queue pair): shared by mesh.cpp and
+// the handshake (mesh_connector.hpp), private to them.
 #pragma once
 
 #include "src/transport/rdma/mesh.hpp"

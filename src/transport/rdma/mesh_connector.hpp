@@ -1,0 +1,107 @@
+// The mesh's handshake state, private to src/transport/rdma/mesh*.cpp:
+// mesh_connector.cpp runs the rdma_cm handshake both ways (hellos, accept,
+// reject, retry), mesh_eager.cpp connects every peer at formation and
+// mesh_lazy.cpp connects a peer on first use (docs/decisions/010).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/transport/rdma/handshake.hpp"
+#include "src/transport/rdma/mesh_connection.hpp"
+
+namespace rdmacc {
+
+// Alive while the mesh forms (eager) or as long as the mesh (lazy).
+struct Mesh::Connector {
+  using Clock = std::chrono::steady_clock;
+  using Address = std::optional<std::pair<std::string, uint16_t>>;
+  enum class Role { Active, Passive };
+  struct Attempt {
+    Role role;
+    int peer;
+    int qpIndex;
+    verbs::CmIdPtr id;
+    verbs::QpPtr qp;
+    int pathMtu = 0;
+    SlotAdvert remote;
+  };
+
+  Mesh& mesh;
+  Store* store = nullptr;  // eager formation only: the progress thread never uses it
+  Clock::time_point deadline{};
+  std::vector<Address> addresses;  // eager: of the lower ranks, once published
+  std::map<rdma_cm_id*, Attempt> attempts;
+  std::vector<std::pair<Clock::time_point, std::pair<int, int>>> retries;  // (when, (peer, qp))
+  int connected = 0;
+  std::vector<Connection*> connectionView;  // [peer * qpsPerPeer + q], as mesh.connections_
+  // Lazy, by peer: when connecting gives up (time_point{}: not trying),
+  // queue pairs up, reported failed; what happened since the last look.
+  std::vector<Clock::time_point> giveUpAt;
+  std::vector<int> lanesUp;
+  std::vector<bool> failed;
+  std::vector<std::string> lastProblem;
+  std::function<SlotAdvert(int)> localSlots;
+  uint16_t slotsPerPeer = 0;  // lazy: every peer's slots are alike
+  uint32_t slotBytes = 0;
+  MeshEvents out;
+  std::vector<int> disconnected;
+  // Eager: looking up the lower ranks' addresses (mesh_eager.cpp).
+  bool addressesKnown = false;
+  Clock::time_point nextAddressPoll{};
+
+  Connection*& slot(int peer, int q) {
+    return connectionView[static_cast<size_t>(peer * mesh.qpsPerPeer_ + q)];
+  }
+  int needed() const { return mesh.connectedPeers() * mesh.qpsPerPeer_; }
+  bool skipped(int peer) const { return mesh.skip_[static_cast<size_t>(peer)]; }
+  // Whether attempts or retries are under way (Mesh::connecting()).
+  void noteConnecting() { mesh.connecting_ = !attempts.empty() || !retries.empty(); }
+
+  // The handshake, both roles (mesh_connector.cpp).
+  std::array<uint8_t, handshake::kHelloBytes> hello(int peer, int q, handshake::Direction direction,
+                                                    const ibv_qp* qp) const;
+  handshake::Expectation expect(handshake::Direction direction, const rdma_cm_event* event,
+                                int minPeer, int maxPeer) const;
+  verbs::QpParams paramsFor(int remoteMtu) const;
+  verbs::QpPtr makeQp(rdma_cm_id* id, int peer, int q);
+  void finish(Attempt& a);
+  void startActive(int peer, int q);
+  void onConnectRequest(rdma_cm_event* event, std::vector<verbs::CmIdPtr>& discard);
+  void onActiveEvent(Attempt& a, rdma_cm_event* event, bool& drop);
+  void onPassiveEvent(Attempt& a, rdma_cm_event* event, bool& drop);
+  void onEstablishedEvent(rdma_cm_event* event);
+  void handle(verbs::CmEventPtr event);
+
+  // Eager formation (mesh_eager.cpp).
+  static const char* const kMissingHint;  // for a group that does not form
+  void run();
+  void lookUpAddresses();
+  // The ranks not (fully) connected yet: never published an address, or did
+  // but did not connect; `what` describes them for an error message.
+  struct Missing {
+    std::vector<int> absent, ranks;
+    std::string what;
+  };
+  Missing missing();
+  [[noreturn]] void timeout();
+  void checkAbort();
+
+  // Connecting on first use (mesh_lazy.cpp).
+  void connect(int peer);
+  bool busy(int peer, int q);
+  void fail(int peer, Error error);
+  void dropAttempts(int peer);
+  std::optional<handshake::RejectReason> crossed(int peer, int q,
+                                                 std::vector<verbs::CmIdPtr>& discard);
+  void handleLazily(verbs::CmEventPtr event);
+  MeshEvents progress();
+};
+
+}  // namespace rdmacc
