@@ -40,6 +40,10 @@ TCPStoreServerLimits storeServerLimits(const Config& config);
 // OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID (the launcher
 // that set the rank); 0 when none is set. Throws Error naming a malformed one.
 int localRankFromEnvironment();
+// How many ranks the launcher started on this host, from LOCAL_WORLD_SIZE,
+// OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS; 0 when unknown (srun, a
+// plain environment launch). Throws Error naming a malformed one.
+int localSizeFromEnvironment();
 
 // This host's name (gethostname), "" when it has none: for log lines, file
 // names and JSON records.

@@ -110,15 +110,57 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   // (RDMACC_TRANSPORT=auto); the mesh only when some peer needs RDMA.
   const std::string& transport = s.config.getString("RDMACC_TRANSPORT");
   const int railCount = static_cast<int>(s.config.getInt("RDMACC_IB_RAILS"));
+  // One mesh per rail (RDMACC_IB_RAILS), each on its own port; the first
+  // keeps the group's name, so one rail is what it always was. Connections
+  // on first use above a handful of ranks (docs/decisions/010).
+  std::vector<std::optional<Endpoint>> endpoints(1);
+  if (railCount > 1) {
+    auto chosen = selectEndpoints(s.config, localRankFromEnvironment(), railCount);
+    endpoints.assign(chosen.begin(), chosen.end());
+  }
+  const std::string& connect = s.config.getString("RDMACC_CONNECT");
+  const bool lazy = connect == "lazy" || (connect == "auto" && size > kEagerConnectRanks);
+  auto makeRails = [&](const std::vector<bool>& skip, bool defer) {
+    for (size_t i = 0; i < endpoints.size(); ++i) {
+      s.rails.push_back(std::make_unique<Mesh>(
+          *s.store, rank, size, s.config,
+          MeshOptions{
+              .group = i == 0 ? options.groupName : fmt::format("{}/rail{}", options.groupName, i),
+              .skip = skip,
+              .endpoint = endpoints[i],
+              .lazy = lazy,
+              .allGather = options.allGather,
+              .deferStart = defer}));
+    }
+  };
+  // When the group surely needs RDMA (RDMACC_TRANSPORT=rdma, or more ranks
+  // than the launcher put on this host), the meshes listen before the host
+  // exchange and their addresses travel with the host records: one record
+  // per rank for everything (docs/decisions/011).
+  const int localSize = localSizeFromEnvironment();
+  if (transport == "rdma" || (transport == "auto" && localSize > 0 && size > localSize)) {
+    makeRails({}, /*defer=*/true);
+  }
+  std::string rdmaRecord = "-";
+  if (!s.rails.empty()) {
+    rdmaRecord.clear();
+    for (const auto& mesh : s.rails) {
+      const std::string r = mesh->record();
+      rdmaRecord += (rdmaRecord.empty() ? "" : " ") + (r.empty() ? "-" : r);
+    }
+  }
   // The shared-memory segment's name is drawn now and travels with the host
-  // record: one exchange for both.
+  // record too.
   const std::string segment = newSegmentName();
-  std::vector<std::string> shmRecords;
+  std::vector<std::vector<std::string>> carried;
   s.hosts = algorithms::Hosts(
       hostNumbers(*s.store, options.allGather, options.groupName, rank, size,
                   hostIdentity(s.config.getString("RDMACC_HOST_ID")),
-                  fmt::format("RDMACC_TRANSPORT={} RDMACC_IB_RAILS={}", transport, railCount),
-                  fmt::format("{}:{}", segment, ::getpid()), &shmRecords));
+                  fmt::format("RDMACC_TRANSPORT={} RDMACC_IB_RAILS={} RDMACC_CONNECT={}", transport,
+                              railCount, lazy ? "lazy" : "eager"),
+                  {fmt::format("{}:{}", segment, ::getpid()), rdmaRecord}, &carried));
+  std::vector<std::string> shmRecords;
+  for (const auto& lines : carried) shmRecords.push_back(lines[0]);
   s.choice = AlgorithmChoice(s.config, std::move(tuning), s.hosts, size);
   std::vector<bool> shm(static_cast<size_t>(size), false);
   std::vector<int> remote;
@@ -133,26 +175,26 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
                         fmt::join(remote, ", ")),
             "use RDMACC_TRANSPORT=auto (shared memory inside a host, RDMA between hosts)");
   }
-  if (!remote.empty() || transport == "rdma") {
-    // One mesh per rail (RDMACC_IB_RAILS), each on its own port; the first
-    // keeps the group's name, so one rail is what it always was.
-    std::vector<std::optional<Endpoint>> endpoints(1);
-    if (railCount > 1) {
-      auto chosen = selectEndpoints(s.config, localRankFromEnvironment(), railCount);
-      endpoints.assign(chosen.begin(), chosen.end());
+  // Every rank reads the same records, so all take the same branch: RDMA is
+  // needed by all or by none (auto: several hosts), and the addresses came
+  // with the records only if every rank published them.
+  const bool needRdma = !remote.empty() || transport == "rdma";
+  if (!needRdma) {
+    s.rails.clear();
+  } else if (s.rails.empty()) {
+    makeRails(shm, /*defer=*/false);
+  } else {
+    std::vector<std::vector<std::string>> published(s.rails.size());
+    for (int peer = 0; peer < size; ++peer) {
+      const auto fields = splitFields(carried[static_cast<size_t>(peer)][1], ' ');
+      for (size_t i = 0; i < published.size(); ++i) {
+        const bool has = fields.size() == published.size() && fields[i] != "-";
+        if (has) published[i].emplace_back(fields[i]);
+      }
     }
-    // Connections on first use above a handful of ranks (docs/decisions/010).
-    const std::string& connect = s.config.getString("RDMACC_CONNECT");
-    const bool lazy = connect == "lazy" || (connect == "auto" && size > kEagerConnectRanks);
-    for (size_t i = 0; i < endpoints.size(); ++i) {
-      s.rails.push_back(std::make_unique<Mesh>(
-          *s.store, rank, size, s.config,
-          MeshOptions{
-              .group = i == 0 ? options.groupName : fmt::format("{}/rail{}", options.groupName, i),
-              .skip = shm,
-              .endpoint = endpoints[i],
-              .lazy = lazy,
-              .allGather = options.allGather}));
+    for (size_t i = 0; i < s.rails.size(); ++i) {
+      if (published[i].size() != static_cast<size_t>(size)) published[i].clear();
+      s.rails[i]->start(*s.store, shm, published[i]);
     }
   }
   logStartup(s.config, rank, size, s.group, s.rails,

@@ -46,6 +46,8 @@ std::vector<std::string> launcherVariables() {
                                     "OMPI_COMM_WORLD_RANK",
                                     "OMPI_COMM_WORLD_SIZE",
                                     "OMPI_COMM_WORLD_LOCAL_RANK",
+                                    "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                    "MPI_LOCALNRANKS",
                                     "PMI_RANK",
                                     "PMI_SIZE",
                                     "MPI_LOCALRANKID",
@@ -93,13 +95,15 @@ struct Scheme {
   const char* rank;
   const char* size;
   const char* localRank;
+  const char* localSize;  // nullptr: the launcher does not say
   const char* launcher;
 };
 constexpr Scheme kSchemes[] = {
-    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun/rdmacc-run"},
-    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"},
-    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "mpirun"},
-    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "srun"},
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun/rdmacc-run"},
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE", "mpirun"},
+    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "mpirun"},
+    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "srun"},
 };
 
 // The launcher that set this process's rank, if any.
@@ -125,6 +129,12 @@ int localRankFromEnvironment() {
   const Scheme* s = launcherScheme();
   if (s == nullptr || env(s->localRank) == nullptr) return 0;
   return envInt(s->localRank, 0, 1 << 20);
+}
+
+int localSizeFromEnvironment() {
+  const Scheme* s = launcherScheme();
+  if (s == nullptr || s->localSize == nullptr || env(s->localSize) == nullptr) return 0;
+  return envInt(s->localSize, 1, 1 << 20);
 }
 
 namespace {

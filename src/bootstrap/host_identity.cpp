@@ -45,12 +45,12 @@ std::string hostIdentity(const std::string& override) {
 
 std::vector<int> hostNumbers(Store& store, const AllGather& allGather, const std::string& group,
                              int rank, int size, const std::string& identity,
-                             const std::string& agreed, const std::string& shared,
-                             std::vector<std::string>* sharedRecords) {
+                             const std::string& agreed, const std::vector<std::string>& carried,
+                             std::vector<std::vector<std::string>>* carriedRecords) {
   // Line 1: what this rank speaks (the versions a mismatch error names);
-  // line 2: the settings every rank must share; line 3: its shared-memory
-  // record (one record per rank for both: 2N store requests, not 4N); the
-  // rest: its host identity.
+  // line 2: the settings every rank must share; then one line per carried
+  // record (shared memory's, the RDMA addresses: one record per rank for
+  // all, 2N store requests per group); the rest: its host identity.
   const std::string mine = fmt::format("rdmacc {} protocol {}", version(), handshake::kVersion);
   std::vector<std::string> identities(static_cast<size_t>(size));
   // Every peer's record at once (O(N) requests per group, not N x N).
@@ -59,10 +59,17 @@ std::vector<int> hostNumbers(Store& store, const AllGather& allGather, const std
     everyone.push_back(peer);
     if (peer != rank) peers.push_back(peer);
   }
-  const std::vector<Bytes> records = exchangeRecords(
-      store, allGather, "rdmacc/host/" + group, rank,
-      toBytes(mine + "\n" + agreed + "\n" + shared + "\n" + identity), everyone, peers);
-  if (sharedRecords != nullptr) sharedRecords->assign(static_cast<size_t>(size), shared);
+  std::string record = mine + "\n" + agreed + "\n";
+  for (const std::string& line : carried) {
+    if (line.find('\n') != std::string::npos || line.size() > kCarriedLineBytes) {
+      throw Error(ErrorKind::Internal,
+                  fmt::format("a host record line is malformed: '{}'", line.substr(0, 64)));
+    }
+    record += line + "\n";
+  }
+  const std::vector<Bytes> records = exchangeRecords(store, allGather, "rdmacc/host/" + group, rank,
+                                                     toBytes(record + identity), everyone, peers);
+  if (carriedRecords != nullptr) carriedRecords->assign(static_cast<size_t>(size), carried);
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) {
       identities[static_cast<size_t>(peer)] = identity;
@@ -107,18 +114,24 @@ std::vector<int> hostNumbers(Store& store, const AllGather& allGather, const std
           .peerRank = peer,
           .hint = "set these the same on every rank (or leave them at their defaults)"});
     }
-    const auto third = text.find('\n', second + 1);
-    if (third == std::string::npos || third - second - 1 > 128) {
-      throw Error(ErrorInfo{
-          .kind = ErrorKind::Protocol,
-          .message =
-              fmt::format("rank {} published a host record without a shared-memory line", peer),
-          .peerRank = peer});
+    // The carried lines, each bounded, then the identity.
+    size_t at = second + 1;
+    for (size_t line = 0; line < carried.size(); ++line) {
+      const auto end = text.find('\n', at);
+      if (end == std::string::npos || end - at > kCarriedLineBytes) {
+        throw Error(ErrorInfo{
+            .kind = ErrorKind::Protocol,
+            .message = fmt::format("rank {} published a host record with {} of its {} carried "
+                                   "lines (shared memory, RDMA addresses)",
+                                   peer, line, carried.size()),
+            .peerRank = peer});
+      }
+      if (carriedRecords != nullptr) {
+        (*carriedRecords)[static_cast<size_t>(peer)][line] = text.substr(at, end - at);
+      }
+      at = end + 1;
     }
-    if (sharedRecords != nullptr) {
-      (*sharedRecords)[static_cast<size_t>(peer)] = text.substr(second + 1, third - second - 1);
-    }
-    identities[static_cast<size_t>(peer)] = text.substr(third + 1);
+    identities[static_cast<size_t>(peer)] = text.substr(at);
   }
   std::vector<int> number(static_cast<size_t>(size));
   std::map<std::string_view, int> seen;

@@ -27,11 +27,13 @@ std::string hostIdentity(const std::string& override);
 // naming a rank whose protocol differs (both versions in the message) and
 // Error(InvalidArgument) naming a rank whose settings differ.
 // `allGather`: the launcher's exchange (PMIx), or empty for the store's.
-// `shared` travels with the record (this rank's shared-memory "name:pid");
-// `sharedRecords`, unless null, receives every rank's, by rank.
+// `carried` lines travel with the record (the backend's: shared memory's
+// "name:pid" and the RDMA addresses; no newline, at most kCarriedLineBytes
+// each); `carriedRecords`, unless null, receives every rank's, by rank.
+constexpr size_t kCarriedLineBytes = 512;
 std::vector<int> hostNumbers(Store& store, const AllGather& allGather, const std::string& group,
                              int rank, int size, const std::string& identity,
-                             const std::string& agreed, const std::string& shared = {},
-                             std::vector<std::string>* sharedRecords = nullptr);
+                             const std::string& agreed, const std::vector<std::string>& carried = {},
+                             std::vector<std::vector<std::string>>* carriedRecords = nullptr);
 
 }  // namespace rdmacc

@@ -20,7 +20,7 @@ std::string hostNumbersError(const std::string& published, const std::string& ag
   HashStore store;
   store.set("rdmacc/host/g/1", toBytes(published));
   try {
-    hostNumbers(store, {}, "g", 0, 2, "host-a", agreed);
+    hostNumbers(store, {}, "g", 0, 2, "host-a", agreed, {"-"});
   } catch (const Error& e) {
     return e.what();
   }
@@ -35,7 +35,8 @@ TEST(HostIdentity, RanksWithTheSameIdentityShareAHost) {
   HashStore store;
   store.set("rdmacc/host/g/1", toBytes(mine() + "\nauto\n/rdmacc-1-0:1\nhost-a"));
   store.set("rdmacc/host/g/2", toBytes(mine() + "\nauto\n/rdmacc-2-0:2\nhost-b"));
-  EXPECT_EQ(hostNumbers(store, {}, "g", 0, 3, "host-a", "auto"), (std::vector<int>{0, 0, 1}));
+  EXPECT_EQ(hostNumbers(store, {}, "g", 0, 3, "host-a", "auto", {"-"}),
+            (std::vector<int>{0, 0, 1}));
 }
 
 // Every rank numbers the hosts alike (by their lowest rank), whichever it is.
@@ -45,7 +46,8 @@ TEST(HostIdentity, HostsAreNumberedByTheirLowestRank) {
     store.set(fmt::format("rdmacc/host/g/{}", r),
               toBytes(mine() + "\nauto\n/rdmacc-3-0:3\n" + (r == 3 ? "host-c" : "host-b")));
   }
-  EXPECT_EQ(hostNumbers(store, {}, "g", 1, 4, "host-a", "auto"), (std::vector<int>{0, 1, 0, 2}));
+  EXPECT_EQ(hostNumbers(store, {}, "g", 1, 4, "host-a", "auto", {"-"}),
+            (std::vector<int>{0, 1, 0, 2}));
 }
 
 TEST(HostIdentity, AnotherProtocolIsRefusedNamingBothVersions) {
@@ -69,7 +71,7 @@ TEST(HostIdentity, AnotherReleaseWithTheSameProtocolIsAccepted) {
   store.set("rdmacc/host/g/1",
             toBytes(fmt::format("rdmacc 0.0.9 protocol {}\nauto\n/rdmacc-1-0:1\nhost-a",
                                 handshake::kVersion)));
-  EXPECT_EQ(hostNumbers(store, {}, "g", 0, 2, "host-a", "auto"), (std::vector<int>{0, 0}));
+  EXPECT_EQ(hostNumbers(store, {}, "g", 0, 2, "host-a", "auto", {"-"}), (std::vector<int>{0, 0}));
 }
 
 TEST(HostIdentity, HostileTextIsQuotedBounded) {
@@ -95,19 +97,27 @@ TEST(HostIdentity, ADifferentRailCountIsRefused) {
       << error;
 }
 
-// The shared-memory line travels with the identity: every rank's, by rank;
-// a record without one (another build) is refused naming the rank.
+// The carried lines travel with the identity: every rank's, by rank; a
+// record with fewer (another build) is refused naming the rank.
 TEST(HostIdentity, SharedMemoryRecordsComeBackByRank) {
   HashStore store;
   store.set("rdmacc/host/g/1", toBytes(mine() + "\nauto\n/rdmacc-7-ab:7\nhost-a"));
-  std::vector<std::string> shared;
-  EXPECT_EQ(hostNumbers(store, {}, "g", 0, 2, "host-a", "auto", "/rdmacc-5-cd:5", &shared),
+  std::vector<std::vector<std::string>> carried;
+  EXPECT_EQ(hostNumbers(store, {}, "g", 0, 2, "host-a", "auto", {"/rdmacc-5-cd:5"}, &carried),
             (std::vector<int>{0, 0}));
-  EXPECT_EQ(shared, (std::vector<std::string>{"/rdmacc-5-cd:5", "/rdmacc-7-ab:7"}));
-  const std::string error = hostNumbersError(mine() + "\nauto\nhost-a");
-  EXPECT_NE(error.find("rank 1 published a host record without a shared-memory line"),
-            std::string::npos)
-      << error;
+  EXPECT_EQ(carried,
+            (std::vector<std::vector<std::string>>{{"/rdmacc-5-cd:5"}, {"/rdmacc-7-ab:7"}}));
+  // Two lines carried (shared memory, RDMA): a record with one is refused.
+  store.set("rdmacc/host/g/1", toBytes(mine() + "\nauto\n/rdmacc-7-ab:7\n"));
+  try {
+    hostNumbers(store, {}, "g", 0, 2, "host-a", "auto", {"/rdmacc-5-cd:5", "-"}, &carried);
+    FAIL() << "a record with one carried line of two was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 published a host record with 1 of its 2 carried "
+                                         "lines"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -57,9 +57,11 @@ TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
     auto store = std::make_shared<HashStore>(500ms);
     const std::string group = fmt::format("lonely{}", pid);
     store->set(fmt::format("rdmacc/host/{}/1", group),
-               toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
-                                   "RDMACC_IB_RAILS=1\n/rdmacc-{}-00000000deadbeef:{}\nsame-host",
-                                   version(), handshake::kVersion, ::getpid(), pid)));
+               toBytes(fmt::format(
+                   "rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
+                   "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager\n/rdmacc-{}-00000000deadbeef:{}\n-\n"
+                   "same-host",
+                   version(), handshake::kVersion, ::getpid(), pid)));
     const size_t before = ourSegments();
     try {
       VerbsBackend backend(store, 0, 2,
@@ -104,7 +106,7 @@ TEST(ShmTransport, ASegmentOfAnotherUserIsRefused) {
     const std::string group = fmt::format("foreign{}", foreignOwner);
     store->set(fmt::format("rdmacc/host/{}/1", group),
                toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
-                                   "RDMACC_IB_RAILS=1\n{}:{}\nsame-host",
+                                   "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager\n{}:{}\n-\nsame-host",
                                    version(), handshake::kVersion, name, ::getpid())));
     try {
       VerbsBackend backend(store, 0, 2,

@@ -19,58 +19,65 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The group secret or salt rank 0 published: hostile input, like any value
-// in the store.
-std::string publishedHex(Store& store, const std::string& key) {
-  std::string text = toString(store.get(key));
+// The group secret or salt rank 0 published (`where`: the store key or
+// rank 0's host record): hostile input, like any value in the store.
+std::string checkedHex(std::string text, const std::string& where) {
   const bool hex =
       !text.empty() && text.size() <= 128 && std::all_of(text.begin(), text.end(), [](char c) {
         return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
       });
   if (!hex) {
     throw Error(ErrorKind::Protocol,
-                fmt::format("the store's '{}' is not what rank 0 publishes (1-128 lowercase hex "
-                            "digits; {} bytes)",
-                            key, text.size()),
+                fmt::format("{} is not what rank 0 publishes (1-128 lowercase hex digits; {} "
+                            "bytes)",
+                            where, text.size()),
                 "another program or an older rdmacc may share this store; give each job its own "
                 "MASTER_PORT");
   }
   return text;
 }
 
+std::string publishedHex(Store& store, const std::string& key) {
+  return checkedHex(toString(store.get(key)), fmt::format("the store's '{}'", key));
+}
+
 }  // namespace
+
+// A peer's published "ip:port" (`where` names the record in an error).
+std::pair<std::string, uint16_t> Mesh::parseAddress(int peer, const std::string& text,
+                                                    const std::string& where) {
+  const auto colon = text.rfind(':');
+  const auto port = colon == std::string::npos
+                        ? 0
+                        : storeNumber(std::string_view(text).substr(colon + 1), 65535, where);
+  if (port == 0 || colon > 64) {
+    throw Error(ErrorKind::Protocol,
+                fmt::format("rank {} published the malformed address '{}' ({})", peer,
+                            text.substr(0, 80), where),
+                "every rank must run the same rdmacc version");
+  }
+  peerAddresses_[static_cast<size_t>(peer)] = text;
+  return {text.substr(0, colon), static_cast<uint16_t>(port)};
+}
 
 // Lazy: every rank's "ip:port" at once (the launcher's fence, or one record
 // per rank in the store, which also waits for every rank to arrive).
 std::vector<std::optional<std::pair<std::string, uint16_t>>> Mesh::exchangeAddresses(
-    Store& store, const MeshOptions& options, const std::string& mine) {
+    Store& store, const std::string& mine) {
   std::vector<int> everyone, wanted;
   for (int peer = 0; peer < size_; ++peer) {
     everyone.push_back(peer);
     if (connects(peer)) wanted.push_back(peer);
   }
-  const std::string prefix = "rdmacc/mesh/" + options.group + "/address";
+  const std::string prefix = "rdmacc/mesh/" + group_ + "/address";
   const std::vector<Bytes> records =
-      exchangeRecords(store, options.allGather, prefix, rank_, toBytes(mine), everyone, wanted);
+      exchangeRecords(store, allGather_, prefix, rank_, toBytes(mine), everyone, wanted);
   std::vector<std::optional<std::pair<std::string, uint16_t>>> addresses(
       static_cast<size_t>(size_));
   for (size_t i = 0; i < wanted.size(); ++i) {
     const int peer = wanted[i];
-    const std::string text = toString(records[i]);
-    const auto colon = text.rfind(':');
-    const std::string key = fmt::format("{}/{}", prefix, peer);
-    const auto port = colon == std::string::npos
-                          ? 0
-                          : storeNumber(std::string_view(text).substr(colon + 1), 65535, key);
-    if (port == 0 || colon > 64) {
-      throw Error(ErrorKind::Protocol,
-                  fmt::format("rank {} published the malformed address '{}' ({})", peer,
-                              text.substr(0, 80), key),
-                  "every rank must run the same rdmacc version");
-    }
-    addresses[static_cast<size_t>(peer)].emplace(text.substr(0, colon),
-                                                 static_cast<uint16_t>(port));
-    peerAddresses_[static_cast<size_t>(peer)] = text;
+    addresses[static_cast<size_t>(peer)] =
+        parseAddress(peer, toString(records[i]), fmt::format("{}/{}", prefix, peer));
   }
   return addresses;
 }
@@ -79,103 +86,158 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
     : rank_(rank),
       size_(size),
       qpsPerPeer_(static_cast<int>(config.getInt("RDMACC_QPS_PER_PEER"))),
-      lazy_(options.lazy) {
+      lazy_(options.lazy),
+      group_(options.group),
+      allGather_(options.allGather) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw Error(ErrorKind::InvalidArgument,
                 fmt::format("rank {} is not in a group of size {}", rank, size),
                 "RANK must be in [0, WORLD_SIZE)");
   }
-  skip_ = options.skip.empty() ? std::vector<bool>(static_cast<size_t>(size), false)
-                               : std::move(options.skip);
-  if (skip_.size() != static_cast<size_t>(size)) {
-    throw Error(ErrorKind::Internal, fmt::format("MeshOptions::skip has {} entries for a group "
-                                                 "of {}",
-                                                 skip_.size(), size));
-  }
-  for (int peer = 0; peer < size; ++peer) {
-    connectedPeers_ += peer != rank && !skip_[static_cast<size_t>(peer)];
-  }
-  PrefixStore groupStore("rdmacc/mesh/" + options.group,
-                         std::shared_ptr<Store>(&store, [](Store*) {}));
+  setSkip(std::move(options.skip));
   connectTimeout_ = config.getDuration("RDMACC_CONNECT_TIMEOUT");
+  authKey_ = auth::loadKey(config);
+  // A failure to open is thrown by start(), where the other ranks learn of
+  // it through the store (deferred: after the host exchange).
+  try {
+    open(config, options);
+  } catch (const Error&) {
+    openError_ = std::current_exception();
+  }
+  if (!options.deferStart) start(store, skip_, {});
+}
+
+void Mesh::setSkip(std::vector<bool> skip) {
+  skip_ = skip.empty() ? std::vector<bool>(static_cast<size_t>(size_), false) : std::move(skip);
+  if (skip_.size() != static_cast<size_t>(size_)) {
+    throw Error(
+        ErrorKind::Internal,
+        fmt::format("MeshOptions::skip has {} entries for a group of {}", skip_.size(), size_));
+  }
+  connectedPeers_ = 0;
+  for (int peer = 0; peer < size_; ++peer) {
+    connectedPeers_ += peer != rank_ && !skip_[static_cast<size_t>(peer)];
+  }
+}
+
+// The device, its port, protection domain, completion queue and rdma_cm
+// listener; rank 0 also draws the group's secret (or, with RDMACC_AUTH_KEY,
+// its salt) here, so it can travel in its published record.
+void Mesh::open(const Config& config, const MeshOptions& options) {
+  endpoint_ = options.endpoint ? *options.endpoint : selectEndpoint(config);
+  if (const ForkSafety fork = forkSafety(); fork.atRisk) {
+    log(LogLevel::Warn, "fork safety {}", fork.text);
+  }
+  params_.ackTimeout = static_cast<uint8_t>(config.getInt("RDMACC_IB_TIMEOUT"));
+  params_.retryCount = static_cast<uint8_t>(config.getInt("RDMACC_IB_RETRY_CNT"));
+  params_.rnrRetry = static_cast<uint8_t>(config.getInt("RDMACC_IB_RNR_RETRY"));
+  params_.minRnrTimer = static_cast<uint8_t>(config.getInt("RDMACC_IB_MIN_RNR_TIMER"));
+  params_.trafficClass = static_cast<uint8_t>(config.getInt("RDMACC_IB_TC"));
+  params_.serviceLevel = static_cast<uint8_t>(config.getInt("RDMACC_IB_SL"));
+  params_.sendDepth = static_cast<uint32_t>(config.getInt("RDMACC_QP_SEND_DEPTH"));
+  params_.recvDepth = static_cast<uint32_t>(config.getInt("RDMACC_QP_RECV_DEPTH"));
+  params_.gidIndex = endpoint_.gidIndex;
+  if (int cap = static_cast<int>(config.getInt("RDMACC_IB_MTU")); cap > 0) {
+    endpoint_.activeMtu = std::min(endpoint_.activeMtu, cap);
+  }
+  params_.pathMtu = verbs::mtuFromBytes(endpoint_.activeMtu);
+
+  log(LogLevel::Debug, "rank {}: endpoint {}:{} {} GID {}", rank_, endpoint_.device, endpoint_.port,
+      endpoint_.ipv4, endpoint_.gidIndex);
+  context_ = verbs::openDevice(endpoint_.device);
+  verbs::makeAsyncNonBlocking(context_.get());  // read by the transport, never blocking
+  pd_ = verbs::allocatePd(context_.get());
+  // Lazy: room for a few connections, grown as more come (Connector::makeQp).
+  int peers = std::max(lazy_ ? std::min(connectedPeers(), 2) : connectedPeers(), 1) * qpsPerPeer_;
+  cq_ = std::make_unique<verbs::CompletionQueue>(
+      context_.get(),
+      static_cast<int>(static_cast<uint32_t>(peers) * (params_.sendDepth + params_.recvDepth)));
+  connections_.resize(static_cast<size_t>(size_ * qpsPerPeer_));
+  peerAddresses_.resize(static_cast<size_t>(size_));
+  if (size_ == 1) return;
+
+  log(LogLevel::Debug, "rank {}: device resources ready", rank_);
+  events_ = std::make_unique<verbs::EventChannel>();
+  listenId_ = events_->createId();
+  port_ = verbs::bindAndListen(listenId_.get(), endpoint_.ipv4, 4 * size_ + 16);
+  if (listenId_->verbs != nullptr &&
+      endpoint_.device != ibv_get_device_name(listenId_->verbs->device)) {
+    throw Error(
+        ErrorKind::NoDevice,
+        fmt::format("address {} belongs to RDMA device {}, not to the selected {}", endpoint_.ipv4,
+                    ibv_get_device_name(listenId_->verbs->device), endpoint_.device),
+        "make RDMACC_IB_HCA and RDMACC_SOCKET_IFNAME agree");
+  }
+
+  log(LogLevel::Debug, "rank {}: rdma_cm listening on port {}", rank_, port_);
+  if (rank_ == 0) drawn_ = auth::randomHex();
+}
+
+std::string Mesh::record() const {
+  if (openError_ || !listenId_) return {};
+  std::string text = fmt::format("{}:{}", endpoint_.ipv4, port_);
+  if (rank_ == 0) text += "/" + drawn_;
+  return text;
+}
+
+void Mesh::start(Store& store, std::vector<bool> skip, const std::vector<std::string>& published) {
+  setSkip(std::move(skip));
+  PrefixStore groupStore("rdmacc/mesh/" + group_, std::shared_ptr<Store>(&store, [](Store*) {}));
   groupStore.setTimeout(connectTimeout_);
   auto deadline = deadlineAfter(connectTimeout_);
   try {
-    endpoint_ = options.endpoint ? *options.endpoint : selectEndpoint(config);
-    if (const ForkSafety fork = forkSafety(); fork.atRisk) {
-      log(LogLevel::Warn, "fork safety {}", fork.text);
-    }
-    params_.ackTimeout = static_cast<uint8_t>(config.getInt("RDMACC_IB_TIMEOUT"));
-    params_.retryCount = static_cast<uint8_t>(config.getInt("RDMACC_IB_RETRY_CNT"));
-    params_.rnrRetry = static_cast<uint8_t>(config.getInt("RDMACC_IB_RNR_RETRY"));
-    params_.minRnrTimer = static_cast<uint8_t>(config.getInt("RDMACC_IB_MIN_RNR_TIMER"));
-    params_.trafficClass = static_cast<uint8_t>(config.getInt("RDMACC_IB_TC"));
-    params_.serviceLevel = static_cast<uint8_t>(config.getInt("RDMACC_IB_SL"));
-    params_.sendDepth = static_cast<uint32_t>(config.getInt("RDMACC_QP_SEND_DEPTH"));
-    params_.recvDepth = static_cast<uint32_t>(config.getInt("RDMACC_QP_RECV_DEPTH"));
-    params_.gidIndex = endpoint_.gidIndex;
-    if (int cap = static_cast<int>(config.getInt("RDMACC_IB_MTU")); cap > 0) {
-      endpoint_.activeMtu = std::min(endpoint_.activeMtu, cap);
-    }
-    params_.pathMtu = verbs::mtuFromBytes(endpoint_.activeMtu);
-
-    log(LogLevel::Debug, "rank {}: endpoint {}:{} {} GID {}", rank, endpoint_.device,
-        endpoint_.port, endpoint_.ipv4, endpoint_.gidIndex);
-    context_ = verbs::openDevice(endpoint_.device);
-    verbs::makeAsyncNonBlocking(context_.get());  // read by the transport, never blocking
-    pd_ = verbs::allocatePd(context_.get());
-    // Lazy: room for a few connections, grown as more come (Connector::makeQp).
-    int peers = std::max(lazy_ ? std::min(connectedPeers(), 2) : connectedPeers(), 1) * qpsPerPeer_;
-    cq_ = std::make_unique<verbs::CompletionQueue>(
-        context_.get(),
-        static_cast<int>(static_cast<uint32_t>(peers) * (params_.sendDepth + params_.recvDepth)));
-    connections_.resize(static_cast<size_t>(size * qpsPerPeer_));
-    peerAddresses_.resize(static_cast<size_t>(size));
-    if (size == 1) return;
-
-    log(LogLevel::Debug, "rank {}: device resources ready", rank);
-    events_ = std::make_unique<verbs::EventChannel>();
-    listenId_ = events_->createId();
-    uint16_t port = verbs::bindAndListen(listenId_.get(), endpoint_.ipv4, 4 * size + 16);
-    if (listenId_->verbs != nullptr &&
-        endpoint_.device != ibv_get_device_name(listenId_->verbs->device)) {
-      throw Error(ErrorKind::NoDevice,
-                  fmt::format("address {} belongs to RDMA device {}, not to the selected {}",
-                              endpoint_.ipv4, ibv_get_device_name(listenId_->verbs->device),
-                              endpoint_.device),
-                  "make RDMACC_IB_HCA and RDMACC_SOCKET_IFNAME agree");
-    }
-
-    log(LogLevel::Debug, "rank {}: rdma_cm listening on port {}", rank, port);
-    // The secret every hello proves it holds (never sent: src/transport/rdma/handshake.hpp).
-    // With a shared key (RDMACC_AUTH_KEY) it is derived from the key and a
-    // salt, so the store holds nothing that lets a stranger in; else rank 0
-    // draws it and the store holds it.
-    if (const std::string key = auth::loadKey(config); !key.empty()) {
-      if (rank == 0) groupStore.set("token-salt", toBytes(auth::randomHex()));
-      secret_ = auth::groupSecret(key, options.group, publishedHex(groupStore, "token-salt"));
-    } else if (rank == 0) {
-      secret_ = auth::randomHex();
-      groupStore.set("token", toBytes(secret_));
+    if (openError_) std::rethrow_exception(openError_);
+    if (size_ == 1) return;
+    // The secret every hello proves it holds (never sent:
+    // src/transport/rdma/handshake.hpp). With a shared key (RDMACC_AUTH_KEY)
+    // it is derived from the key and rank 0's salt, so the store holds
+    // nothing that lets a stranger in; else it is rank 0's random draw, which
+    // the store holds. Either travels in rank 0's record, or under its own
+    // key when the records were not published with the host's.
+    std::vector<std::optional<std::pair<std::string, uint16_t>>> addresses(
+        static_cast<size_t>(size_));
+    std::string drawn = drawn_;
+    if (!published.empty()) {
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer == rank_ || (peer != 0 && !connects(peer))) continue;
+        std::string text = published[static_cast<size_t>(peer)];
+        const std::string where = fmt::format("rank {}'s host record", peer);
+        if (peer == 0) {
+          const auto slash = text.find('/');
+          if (slash == std::string::npos) {
+            throw Error(
+                ErrorKind::Protocol,
+                fmt::format("rank 0's host record has no group secret ('{}')", text.substr(0, 80)),
+                "every rank must run the same rdmacc version");
+          }
+          drawn = checkedHex(text.substr(slash + 1), where);
+          text.resize(slash);
+        }
+        if (connects(peer)) addresses[static_cast<size_t>(peer)] = parseAddress(peer, text, where);
+      }
+    } else if (rank_ == 0) {
+      groupStore.set(authKey_.empty() ? "token" : "token-salt", toBytes(drawn_));
     } else {
-      secret_ = publishedHex(groupStore, "token");
+      drawn = publishedHex(groupStore, authKey_.empty() ? "token" : "token-salt");
     }
-    const std::string address = fmt::format("{}:{}", endpoint_.ipv4, port);
-    log(LogLevel::Info, "rank {}/{} listening on {} ({} port {}, GID {} {}, MTU {}{})", rank, size,
-        address, endpoint_.device, endpoint_.port, endpoint_.gidIndex, endpoint_.gid,
+    secret_ = authKey_.empty() ? drawn : auth::groupSecret(authKey_, group_, drawn);
+    const std::string address = fmt::format("{}:{}", endpoint_.ipv4, port_);
+    log(LogLevel::Info, "rank {}/{} listening on {} ({} port {}, GID {} {}, MTU {}{})", rank_,
+        size_, address, endpoint_.device, endpoint_.port, endpoint_.gidIndex, endpoint_.gid,
         endpoint_.activeMtu, lazy_ ? ", connecting on first use" : "");
     if (lazy_) {
-      startConnector(exchangeAddresses(store, options, address));
+      if (published.empty()) addresses = exchangeAddresses(store, address);
+      startConnector(std::move(addresses));
       return;
     }
-    groupStore.set(fmt::format("addr/{}", rank), toBytes(address));
-    connectPeers(groupStore, deadline);
-    log(LogLevel::Info, "rank {}: connected to all {} RDMA peers", rank, connectedPeers());
+    if (published.empty()) groupStore.set(fmt::format("addr/{}", rank_), toBytes(address));
+    connectPeers(groupStore, deadline, published.empty() ? decltype(addresses){} : addresses);
+    log(LogLevel::Info, "rank {}: connected to all {} RDMA peers", rank_, connectedPeers());
   } catch (const Error& e) {
     // Tell the others now rather than let them wait for their timeout.
     try {
       if (e.kind() != ErrorKind::Timeout && !groupStore.check({"abort"})) {
-        groupStore.set("abort", toBytes(fmt::format("rank {}: {}", rank, e.what())));
+        groupStore.set("abort", toBytes(fmt::format("rank {}: {}", rank_, e.what())));
       }
     } catch (...) {
     }

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -33,6 +34,9 @@ struct MeshOptions {
   bool lazy = false;
   // Lazy: the launcher's exchange for the addresses (empty: the store).
   AllGather allGather;
+  // Open the device and listen, then wait for start(): the caller publishes
+  // record() with its own (the host record) and passes every rank's.
+  bool deferStart = false;
 };
 
 // Where a rank's slots for one peer are (connections on first use carry it
@@ -57,7 +61,17 @@ class Mesh {
  public:
   // Forms the mesh or throws: Error(Timeout) naming the ranks that did not
   // arrive or connect within RDMACC_CONNECT_TIMEOUT; other errors name the call.
+  // With options.deferStart, only opens the device and listens (start() does
+  // the rest, and throws what opening threw).
   Mesh(Store& store, int rank, int size, const Config& config, MeshOptions options = {});
+  // Deferred: what the other ranks need to connect to this one ("ip:port";
+  // rank 0 adds "/" and the group's secret or salt); empty if opening failed.
+  std::string record() const;
+  // Deferred: forms the mesh as the constructor does, with `skip` as
+  // MeshOptions::skip and `published` every rank's record() by rank (the
+  // ranks this one connects to and rank 0 must have one), or empty: the
+  // addresses and secret go through the store (or the launcher) instead.
+  void start(Store& store, std::vector<bool> skip, const std::vector<std::string>& published);
   ~Mesh();
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
@@ -115,11 +129,18 @@ class Mesh {
   struct Connection;  // src/transport/rdma/mesh_connection.hpp
   struct Connector;   // src/transport/rdma/mesh_connector.hpp
 
-  // Eager: the handshake with every peer this rank connects to.
-  void connectPeers(Store& groupStore, std::chrono::steady_clock::time_point deadline);
-  // Lazy: every peer's (ip, port), and the connector given them.
+  void open(const Config& config, const MeshOptions& options);
+  void setSkip(std::vector<bool> skip);
+  std::pair<std::string, uint16_t> parseAddress(int peer, const std::string& text,
+                                                const std::string& where);
+  // Eager: the handshake with every peer this rank connects to; `known`:
+  // every rank's address when published with the host records (else each
+  // lower rank's is read from the store as it appears).
+  void connectPeers(Store& groupStore, std::chrono::steady_clock::time_point deadline,
+                    std::vector<std::optional<std::pair<std::string, uint16_t>>> known);
+  // Lazy: every peer's (ip, port) through the store or the launcher.
   std::vector<std::optional<std::pair<std::string, uint16_t>>> exchangeAddresses(
-      Store& store, const MeshOptions& options, const std::string& mine);
+      Store& store, const std::string& mine);
   std::vector<int> takeLazilyDisconnected();
   void startConnector(std::vector<std::optional<std::pair<std::string, uint16_t>>> addresses);
 
@@ -142,7 +163,13 @@ class Mesh {
   std::chrono::milliseconds connectTimeout_{};
   bool lazy_ = false;
   bool connecting_ = false;  // lazy: attempts or retries under way
-  struct DropConnector {     // defined where Connector is
+  std::string group_;
+  AllGather allGather_;
+  std::string authKey_;           // RDMACC_AUTH_KEY
+  std::string drawn_;             // rank 0: the group's secret, or with a key its salt
+  uint16_t port_ = 0;             // rdma_cm listens here
+  std::exception_ptr openError_;  // thrown by start()
+  struct DropConnector {          // defined where Connector is
     void operator()(Connector* connector) const;
   };
   std::unique_ptr<Connector, DropConnector> connector_;  // lazy: alive as long as the mesh

@@ -73,9 +73,9 @@ Mesh::Connector::Missing Mesh::Connector::missing() {
     bool done = true;
     for (int q = 0; q < mesh.qpsPerPeer_; ++q) done = done && slot(peer, q) != nullptr;
     if (done) continue;
-    bool published = false;
+    bool published = addresses[static_cast<size_t>(peer)].has_value();
     try {
-      published = store->check({fmt::format("addr/{}", peer)});
+      published = published || store->check({fmt::format("addr/{}", peer)});
     } catch (const Error&) {
     }
     (published ? unconnected : absent).push_back(peer);
@@ -131,12 +131,20 @@ void Mesh::Connector::run() {
   }
 }
 
-void Mesh::connectPeers(Store& groupStore, std::chrono::steady_clock::time_point deadline) {
-  Connector setup{.mesh = *this,
-                  .store = &groupStore,
-                  .deadline = deadline,
-                  .addresses = std::vector<Connector::Address>(static_cast<size_t>(size_))};
+void Mesh::connectPeers(Store& groupStore, std::chrono::steady_clock::time_point deadline,
+                        std::vector<Connector::Address> known) {
+  Connector setup{.mesh = *this, .store = &groupStore, .deadline = deadline};
   setup.connectionView.assign(connections_.size(), nullptr);
+  if (known.empty()) {
+    setup.addresses.resize(static_cast<size_t>(size_));
+  } else {  // published with the host records: connect to the lower ranks now
+    setup.addresses = std::move(known);
+    setup.addressesKnown = true;
+    for (int peer = 0; peer < rank_; ++peer) {
+      if (setup.skipped(peer)) continue;
+      for (int q = 0; q < qpsPerPeer_; ++q) setup.startActive(peer, q);
+    }
+  }
   setup.run();
 }
 
