@@ -253,6 +253,10 @@ TEST(Failure, StoppedRankIsNamedByEverySurvivor) {
 void expectMismatchFails(const char* group, size_t count0, size_t countOthers) {
   auto backend = makeBackend(group);
   const int rank = backend->getRank();
+  // Every rank formed first: two ranks may find the mismatch between them
+  // and exit before a slower third has mapped their segments, which that
+  // rank would report as their exit instead.
+  backend->barrier()->wait();
   std::vector<int32_t> data(rank == 0 ? count0 : countOthers, 1);
   std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Int32}};
   auto start = Clock::now();

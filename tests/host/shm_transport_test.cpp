@@ -5,6 +5,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -346,6 +349,71 @@ TEST(ShmBoard, AnEntryOfAnotherSizeFailsTheGroupNamingThePeer) {
         e.sequence.store(next);
       },
       "collective #{} does not match on rank 1: it posted 1099511627776 bytes");
+}
+
+// The doorbells (wake-up sockets) live in /tmp/rdmacc-<uid>, a directory
+// only this user can enter, not in the abstract namespace, where any local
+// user could bind a rank's name first (it is in the store and /dev/shm) and
+// fail the rank, or flood it. Here a stranger binds rank 0's old abstract
+// name as soon as rank 0 published it: the pair still forms and works; the
+// directory is private, a socket left by a crashed process is removed, and
+// the ranks' own are gone with them.
+TEST(ShmTransport, DoorbellsLiveInAPrivateDirectory) {
+  const std::string dir = fmt::format("/tmp/rdmacc-{}", ::geteuid());
+  auto bindTo = [](const std::string& path, bool abstract) {
+    int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path + (abstract ? 1 : 0), path.data(), path.size());
+    const auto length =
+        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + (abstract ? 1 : 0) + path.size());
+    EXPECT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), length), 0)
+        << path << ": " << std::strerror(errno);
+    return fd;
+  };
+  // A socket file left by a process that crashed (nobody holds it).
+  ::mkdir(dir.c_str(), 0700);
+  const std::string stale = dir + "/rdmacc-1-00000000000dead1.bell";
+  ::unlink(stale.c_str());
+  ::close(bindTo(stale, false));
+  ASSERT_TRUE(std::filesystem::exists(stale));
+
+  auto store = std::make_shared<HashStore>(20s);
+  const std::string group = "doorbell";
+  std::vector<std::unique_ptr<VerbsBackend>> ranks(2);
+  auto form = [&](int r) {
+    ranks[static_cast<size_t>(r)] = std::make_unique<VerbsBackend>(
+        store, r, 2,
+        VerbsBackend::Options{.groupName = group,
+                              .config = {{"RDMACC_TRANSPORT", "shm"},
+                                         {"RDMACC_HOST_ID", "same-host"},
+                                         {"RDMACC_TIMEOUT", "20s"}}});
+  };
+  int squatter = -1;
+  std::string bell;
+  {
+    std::jthread first([&] { form(0); });
+    // Rank 0's record names its segment; the stranger binds the abstract
+    // name rdmacc used to bind for it before rank 1 arrives.
+    const std::string text = toString(store->get(fmt::format("rdmacc/host/{}/0", group)));
+    const size_t line3 = text.find('\n', text.find('\n') + 1) + 1;
+    const std::string name = text.substr(line3, text.find(':', line3) - line3);
+    squatter = bindTo("rdmacc" + name, true);
+    bell = dir + name + ".bell";
+    std::jthread second([&] { form(1); });
+  }
+  ASSERT_TRUE(ranks[0] && ranks[1]);
+  EXPECT_EQ(allreduceOnBoth(ranks), (std::vector<std::string>{"", ""}));
+  struct stat st {};
+  ASSERT_EQ(::lstat(dir.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_TRUE(std::filesystem::exists(bell)) << bell;
+  EXPECT_FALSE(std::filesystem::exists(stale)) << "the crashed process's socket is still there";
+  ranks.clear();
+  EXPECT_FALSE(std::filesystem::exists(bell)) << bell << " outlived its transport";
+  ::close(squatter);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "src/core/deadline.hpp"
 #include "src/store/store_util.hpp"
 #include "src/transport/shm/cma.hpp"
+#include "src/transport/shm/doorbell.hpp"
 #include "src/transport/shm/transport.hpp"
 #include "src/transport/shm/transport_impl.hpp"
 
@@ -72,17 +73,6 @@ int pidfdOpen(int pid) {
   errno = ENOSYS;
   return -1;
 #endif
-}
-
-sockaddr_un doorbellAddress(const std::string& name, socklen_t& length) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  // Abstract namespace: no file to clean up after a crash.
-  const std::string path = "rdmacc" + name;
-  std::memcpy(addr.sun_path + 1, path.data(), std::min(path.size(), sizeof addr.sun_path - 2));
-  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 +
-                                  std::min(path.size(), sizeof addr.sun_path - 2));
-  return addr;
 }
 
 }  // namespace
@@ -175,11 +165,13 @@ void ShmTransport::create(const std::string& name) {
   doorbell_ = net::Fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   bell_ = net::Fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!doorbell_ || !bell_) throw shmError("socket", errno, "creating the wake-up sockets", "");
+  prepareDoorbellDirectory();
   socklen_t length = 0;
   sockaddr_un addr = doorbellAddress(name_, length);
   if (::bind(doorbell_.get(), reinterpret_cast<const sockaddr*>(&addr), length) != 0) {
-    throw shmError("bind", errno, "binding the wake-up socket", "");
+    throw shmError("bind", errno, fmt::format("binding the wake-up socket {}", addr.sun_path), "");
   }
+  doorbellPath_.path = addr.sun_path;
   head_->magic.store(kMagic, std::memory_order_release);  // built: peers may map it
   head_->built.store(1, std::memory_order_release);
   futexWakeAll(head_->built);

@@ -208,10 +208,18 @@ void ShmTransport::arm() {
   }
 }
 
+namespace {
+constexpr int kDrainPerPoll = 64;
+}  // namespace
+
 void ShmTransport::consumeEvents() {
   head_->sleeping.store(0, std::memory_order_relaxed);
+  // Bounded: the progress lock is held here, and a flood of wake-ups (only
+  // this user's processes can send them) must not keep it; what is left
+  // wakes the next poll at once.
   char buffer[64];
-  while (::recv(doorbell_.get(), buffer, sizeof buffer, MSG_DONTWAIT) > 0) {
+  for (int i = 0; i<kDrainPerPoll&& ::recv(doorbell_.get(), buffer, sizeof buffer, MSG_DONTWAIT)> 0;
+       ++i) {
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -253,7 +254,19 @@ class ShmTransport final : public Transport, public Board {
   // peer must have consumed before the entry is written again): kept here,
   // not read back from the shared entry.
   std::array<uint64_t, kBoardEntries> posted_{};
-  net::Fd doorbell_;  // bound: peers wake us through it
+  // The doorbell's file, removed with the transport (also when its
+  // constructor throws: a member's destructor still runs).
+  struct BoundPath {
+    std::string path;
+    BoundPath() = default;
+    BoundPath(const BoundPath&) = delete;
+    BoundPath& operator=(const BoundPath&) = delete;
+    ~BoundPath() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  };
+  BoundPath doorbellPath_;
+  net::Fd doorbell_;  // bound (after doorbellPath_: closed first): peers wake us through it
   net::Fd bell_;      // unbound: we wake peers through it
   std::vector<Peer> peers_;
   size_t creditReserve_ = 0;
