@@ -106,70 +106,81 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
     tuning = TuningTable::load(file);
   }
   if (!s.store) invalid("VerbsBackend needs a store", "pass a TCPStore, FileStore or HashStore");
-  // Shared memory to the ranks on this host, RDMA to the others
-  // (RDMACC_TRANSPORT=auto); the mesh only when some peer needs RDMA.
-  const std::string& transport = s.config.getString("RDMACC_TRANSPORT");
-  const int railCount = static_cast<int>(s.config.getInt("RDMACC_IB_RAILS"));
-  // One mesh per rail (RDMACC_IB_RAILS), each on its own port; the first
-  // keeps the group's name, so one rail is what it always was. Connections
-  // on first use above a handful of ranks (docs/decisions/010).
+  const Impl::Placement placement = s.placePeers(options);
+  s.choice = AlgorithmChoice(s.config, std::move(tuning), s.hosts, size);
+  logStartup(s.config, rank, size, s.group, s.rails,
+             static_cast<size_t>(std::count(placement.shm.begin(), placement.shm.end(), true)),
+             placement.rdmaPeers);
+  s.makeRegistrations();
+  s.startEngine(options, placement);
+}
+
+// One mesh per rail (RDMACC_IB_RAILS), each on its own port; the first
+// keeps the group's name, so one rail is what it always was. Connections on
+// first use above a handful of ranks (docs/decisions/010).
+void VerbsBackend::Impl::makeRails(const Options& options, const std::vector<bool>& skip,
+                                   bool defer) {
+  const int railCount = static_cast<int>(config.getInt("RDMACC_IB_RAILS"));
   std::vector<std::optional<Endpoint>> endpoints(1);
   if (railCount > 1) {
-    auto chosen = selectEndpoints(s.config, localRankFromEnvironment(), railCount);
+    auto chosen = selectEndpoints(config, localRankFromEnvironment(), railCount);
     endpoints.assign(chosen.begin(), chosen.end());
   }
-  const std::string& connect = s.config.getString("RDMACC_CONNECT");
-  const bool lazy = connect == "lazy" || (connect == "auto" && size > kEagerConnectRanks);
-  auto makeRails = [&](const std::vector<bool>& skip, bool defer) {
-    for (size_t i = 0; i < endpoints.size(); ++i) {
-      s.rails.push_back(std::make_unique<Mesh>(
-          *s.store, rank, size, s.config,
-          MeshOptions{
-              .group = i == 0 ? options.groupName : fmt::format("{}/rail{}", options.groupName, i),
-              .skip = skip,
-              .endpoint = endpoints[i],
-              .lazy = lazy,
-              .allGather = options.allGather,
-              .deferStart = defer}));
-    }
-  };
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    rails.push_back(std::make_unique<Mesh>(
+        *store, rank, size, config,
+        MeshOptions{.group = i == 0 ? group : fmt::format("{}/rail{}", group, i),
+                    .skip = skip,
+                    .endpoint = endpoints[i],
+                    .lazy = lazyConnections(),
+                    .allGather = options.allGather,
+                    .deferStart = defer}));
+  }
+}
+
+bool VerbsBackend::Impl::lazyConnections() const {
+  const std::string& connect = config.getString("RDMACC_CONNECT");
+  return connect == "lazy" || (connect == "auto" && size > kEagerConnectRanks);
+}
+
+// Shared memory to the ranks on this host, RDMA to the others
+// (RDMACC_TRANSPORT=auto); the meshes only when some peer needs RDMA. One
+// record per rank says all of it (docs/decisions/009 and 011).
+VerbsBackend::Impl::Placement VerbsBackend::Impl::placePeers(const Options& options) {
+  const std::string& transport = config.getString("RDMACC_TRANSPORT");
   // When the group surely needs RDMA (RDMACC_TRANSPORT=rdma, or more ranks
   // than the launcher put on this host), the meshes listen before the host
-  // exchange and their addresses travel with the host records: one record
-  // per rank for everything (docs/decisions/011).
+  // exchange and their addresses travel with the host records.
   const int localSize = localSizeFromEnvironment();
   if (transport == "rdma" || (transport == "auto" && localSize > 0 && size > localSize)) {
-    makeRails({}, /*defer=*/true);
+    makeRails(options, {}, /*defer=*/true);
   }
-  std::string rdmaRecord = "-";
-  if (!s.rails.empty()) {
-    rdmaRecord.clear();
-    for (const auto& mesh : s.rails) {
-      const std::string r = mesh->record();
-      rdmaRecord += (rdmaRecord.empty() ? "" : " ") + (r.empty() ? "-" : r);
-    }
+  std::string rdmaRecord;
+  for (const auto& mesh : rails) {
+    const std::string r = mesh->record();
+    rdmaRecord += (rdmaRecord.empty() ? "" : " ") + (r.empty() ? "-" : r);
   }
-  // The shared-memory segment's name is drawn now and travels with the host
-  // record too.
-  const std::string segment = newSegmentName();
+  Placement p;
+  // The shared-memory segment's name is drawn now and travels with the
+  // host record too.
+  p.segment = newSegmentName();
   std::vector<std::vector<std::string>> carried;
-  s.hosts = algorithms::Hosts(
-      hostNumbers(*s.store, options.allGather, options.groupName, rank, size,
-                  hostIdentity(s.config.getString("RDMACC_HOST_ID")),
-                  fmt::format("RDMACC_TRANSPORT={} RDMACC_IB_RAILS={} RDMACC_CONNECT={}", transport,
-                              railCount, lazy ? "lazy" : "eager"),
-                  {fmt::format("{}:{}", segment, ::getpid()), rdmaRecord}, &carried));
-  std::vector<std::string> shmRecords;
-  for (const auto& lines : carried) shmRecords.push_back(lines[0]);
-  s.choice = AlgorithmChoice(s.config, std::move(tuning), s.hosts, size);
-  std::vector<bool> shm(static_cast<size_t>(size), false);
+  hosts = algorithms::Hosts(hostNumbers(
+      *store, options.allGather, group, rank, size,
+      hostIdentity(config.getString("RDMACC_HOST_ID")),
+      fmt::format("RDMACC_TRANSPORT={} RDMACC_IB_RAILS={} RDMACC_CONNECT={}", transport,
+                  config.getInt("RDMACC_IB_RAILS"), lazyConnections() ? "lazy" : "eager"),
+      {fmt::format("{}:{}", p.segment, ::getpid()), rdmaRecord.empty() ? "-" : rdmaRecord},
+      &carried));
+  for (const auto& lines : carried) p.shmRecords.push_back(lines[0]);
+  p.shm.assign(static_cast<size_t>(size), false);
   std::vector<int> remote;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    shm[static_cast<size_t>(peer)] =
-        transport != "rdma" && s.hosts.host(peer) == s.hosts.host(rank);
-    if (!shm[static_cast<size_t>(peer)]) remote.push_back(peer);
+    p.shm[static_cast<size_t>(peer)] = transport != "rdma" && hosts.host(peer) == hosts.host(rank);
+    if (!p.shm[static_cast<size_t>(peer)]) remote.push_back(peer);
   }
+  p.rdmaPeers = remote.size();
   if (transport == "shm" && !remote.empty()) {
     invalid(fmt::format("RDMACC_TRANSPORT=shm, but rank(s) {} are on other hosts",
                         fmt::join(remote, ", ")),
@@ -178,32 +189,42 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   // Every rank reads the same records, so all take the same branch: RDMA is
   // needed by all or by none (auto: several hosts), and the addresses came
   // with the records only if every rank published them.
-  const bool needRdma = !remote.empty() || transport == "rdma";
-  if (!needRdma) {
-    s.rails.clear();
-  } else if (s.rails.empty()) {
-    makeRails(shm, /*defer=*/false);
+  if (remote.empty() && transport != "rdma") {
+    rails.clear();
+  } else if (rails.empty()) {
+    makeRails(options, p.shm, /*defer=*/false);
   } else {
-    std::vector<std::vector<std::string>> published(s.rails.size());
-    for (int peer = 0; peer < size; ++peer) {
-      const auto fields = splitFields(carried[static_cast<size_t>(peer)][1], ' ');
-      for (size_t i = 0; i < published.size(); ++i) {
-        const bool has = fields.size() == published.size() && fields[i] != "-";
-        if (has) published[i].emplace_back(fields[i]);
+    startRails(p.shm, carried);
+  }
+  return p;
+}
+
+// The deferred meshes, with every rank's addresses from the host records
+// (line 2 of the carried lines: one field per rail, "-" for none), or
+// through the store when some rank published none.
+void VerbsBackend::Impl::startRails(const std::vector<bool>& shm,
+                                    const std::vector<std::vector<std::string>>& carried) {
+  std::vector<std::vector<std::string>> published(rails.size());
+  for (int peer = 0; peer < size; ++peer) {
+    const auto fields = splitFields(carried[static_cast<size_t>(peer)][1], ' ');
+    for (size_t i = 0; i < published.size(); ++i) {
+      if (fields.size() == published.size() && fields[i] != "-") {
+        published[i].emplace_back(fields[i]);
       }
     }
-    for (size_t i = 0; i < s.rails.size(); ++i) {
-      if (published[i].size() != static_cast<size_t>(size)) published[i].clear();
-      s.rails[i]->start(*s.store, shm, published[i]);
-    }
   }
-  logStartup(s.config, rank, size, s.group, s.rails,
-             static_cast<size_t>(std::count(shm.begin(), shm.end(), true)), remote.size());
-  // registerMemory keeps its contract (deregistering twice, or memory never
-  // registered, is an error) in every group; only RDMA peers need a memory
-  // region behind it, so without a mesh a registration records the range.
-  s.registrations = std::make_unique<RegistrationCache>(
-      [pd = s.rails.empty() ? nullptr : s.rails[0]->pd()](uintptr_t begin, size_t length) {
+  for (size_t i = 0; i < rails.size(); ++i) {
+    if (published[i].size() != static_cast<size_t>(size)) published[i].clear();
+    rails[i]->start(*store, shm, published[i]);
+  }
+}
+
+// registerMemory keeps its contract (deregistering twice, or memory never
+// registered, is an error) in every group; only RDMA peers need a memory
+// region behind it, so without a mesh a registration records the range.
+void VerbsBackend::Impl::makeRegistrations() {
+  registrations = std::make_unique<RegistrationCache>(
+      [pd = rails.empty() ? nullptr : rails[0]->pd()](uintptr_t begin, size_t length) {
         if (pd == nullptr) return Registration{.begin = begin, .end = begin + length};
         // Remote write: peers write large receives straight into it.
         std::shared_ptr<ibv_mr> mr = verbs::registerMemory(pd, reinterpret_cast<void*>(begin),
@@ -216,55 +237,60 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
       },
       // Exactly [ptr, ptr + bytes): with whole pages, the heap bytes next to a
       // registered tensor would be remotely writable too.
-      s.config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);
+      config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);
+}
+
+// The transports (over the meshes and the local segments) and the engine
+// that drives them.
+void VerbsBackend::Impl::startEngine(const Options& options, const Placement& placement) {
   const bool yield =
-      spinYield(s.config.getString("RDMACC_SPIN_YIELD"),
-                static_cast<int>(s.hosts.members[static_cast<size_t>(s.hosts.host(rank))].size()));
-  const auto spins = spinTimes(s.config.getString("RDMACC_SPIN_US"), yield);
-  if (const std::string pattern = s.config.getString("RDMACC_TRACE_EVENTS"); !pattern.empty()) {
-    s.trace = std::make_unique<EventTrace>(expandPathPattern(pattern, rank), kTraceCapacity);
+      spinYield(config.getString("RDMACC_SPIN_YIELD"),
+                static_cast<int>(hosts.members[static_cast<size_t>(hosts.host(rank))].size()));
+  const auto spins = spinTimes(config.getString("RDMACC_SPIN_US"), yield);
+  if (const std::string pattern = config.getString("RDMACC_TRACE_EVENTS"); !pattern.empty()) {
+    trace = std::make_unique<EventTrace>(expandPathPattern(pattern, rank), kTraceCapacity);
   }
-  std::vector<Mesh*> rails;
-  for (const auto& mesh : s.rails) rails.push_back(mesh.get());
+  std::vector<Mesh*> meshes;
+  for (const auto& mesh : rails) meshes.push_back(mesh.get());
   // Zero-copy from registered memory exists on RDMA only.
-  const RegistrationCache* registrations = s.rails.empty() ? nullptr : s.registrations.get();
-  const auto zeroCopyMinBytes = static_cast<size_t>(s.config.getInt("RDMACC_ZERO_COPY_MIN_BYTES"));
-  s.engine = std::make_unique<Engine>(
+  const RegistrationCache* zeroCopyFrom = rails.empty() ? nullptr : registrations.get();
+  const auto zeroCopyMinBytes = static_cast<size_t>(config.getInt("RDMACC_ZERO_COPY_MIN_BYTES"));
+  engine = std::make_unique<Engine>(
       makeTransports(
-          rails, *s.store,
+          meshes, *store,
           TransportOptions{
-              .group = options.groupName,
+              .group = group,
               .rank = rank,
               .size = size,
-              .sharedMemoryPeers = shm,
+              .sharedMemoryPeers = placement.shm,
               .allGather = options.allGather,
-              .connectTimeout = s.config.getDuration("RDMACC_CONNECT_TIMEOUT"),
-              .shmSegment = segment,
-              .shmRecords = shmRecords,
-              .slotsPerPeer = static_cast<int>(s.config.getInt("RDMACC_SLOTS_PER_PEER")),
-              .slotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SLOT_BYTES")),
-              .registrations = registrations,
+              .connectTimeout = config.getDuration("RDMACC_CONNECT_TIMEOUT"),
+              .shmSegment = placement.segment,
+              .shmRecords = placement.shmRecords,
+              .slotsPerPeer = static_cast<int>(config.getInt("RDMACC_SLOTS_PER_PEER")),
+              .slotBytes = static_cast<size_t>(config.getInt("RDMACC_SLOT_BYTES")),
+              .registrations = zeroCopyFrom,
               .zeroCopyMinBytes = zeroCopyMinBytes,
-              .shmSingleCopy = s.config.getBool("RDMACC_SHM_SINGLE_COPY"),
-              .shmMembarrier = s.config.getBool("RDMACC_SHM_MEMBARRIER"),
-              .shmOneShotBytes = static_cast<size_t>(s.config.getInt("RDMACC_SHM_ONE_SHOT_BYTES")),
+              .shmSingleCopy = config.getBool("RDMACC_SHM_SINGLE_COPY"),
+              .shmMembarrier = config.getBool("RDMACC_SHM_MEMBARRIER"),
+              .shmOneShotBytes = static_cast<size_t>(config.getInt("RDMACC_SHM_ONE_SHOT_BYTES")),
               .rdmaOneShotBytes =
-                  static_cast<size_t>(s.config.getInt("RDMACC_RDMA_ONE_SHOT_BYTES"))}),
-      EngineOptions{.group = options.groupName,
-                    .rank = rank,
-                    .size = size,
-                    .collectivesInFlight =
-                        static_cast<size_t>(s.config.getInt("RDMACC_COLLECTIVES_IN_FLIGHT")),
-                    .spin = spins.spin,
-                    .spinLatencyBound = spins.latencyBound,
-                    .spinWaitLatencyBound = spins.waitLatencyBound,
-                    .spinYield = yield,
-                    .registrations = registrations,
-                    .zeroCopyMinBytes = zeroCopyMinBytes,
-                    .keepalive = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        s.config.getDuration("RDMACC_KEEPALIVE_INTERVAL")),
-                    .trace = s.trace.get()});
-  s.oneShotBytes = s.engine->oneShotBytes();
+                  static_cast<size_t>(config.getInt("RDMACC_RDMA_ONE_SHOT_BYTES"))}),
+      EngineOptions{
+          .group = group,
+          .rank = rank,
+          .size = size,
+          .collectivesInFlight = static_cast<size_t>(config.getInt("RDMACC_COLLECTIVES_IN_FLIGHT")),
+          .spin = spins.spin,
+          .spinLatencyBound = spins.latencyBound,
+          .spinWaitLatencyBound = spins.waitLatencyBound,
+          .spinYield = yield,
+          .registrations = zeroCopyFrom,
+          .zeroCopyMinBytes = zeroCopyMinBytes,
+          .keepalive = std::chrono::duration_cast<std::chrono::milliseconds>(
+              config.getDuration("RDMACC_KEEPALIVE_INTERVAL")),
+          .trace = trace.get()});
+  oneShotBytes = engine->oneShotBytes();
 }
 
 VerbsBackend::~VerbsBackend() = default;

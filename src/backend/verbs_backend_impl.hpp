@@ -94,6 +94,22 @@ struct VerbsBackend::Impl {
   std::unique_ptr<Engine> engine;     // after all of these: stopped first
   uint32_t monitoredBarriers = 0;
 
+  // Construction, in steps (verbs_backend.cpp). Which peers go through
+  // which transport, and what the shared-memory transport needs to attach.
+  struct Placement {
+    std::vector<bool> shm;  // by rank: a peer on this host, through shared memory
+    size_t rdmaPeers = 0;
+    std::string segment;                  // this rank's segment name
+    std::vector<std::string> shmRecords;  // every rank's "name:pid", by rank
+  };
+  Placement placePeers(const Options& options);
+  bool lazyConnections() const;
+  void makeRails(const Options& options, const std::vector<bool>& skip, bool defer);
+  void startRails(const std::vector<bool>& shm,
+                  const std::vector<std::vector<std::string>>& carried);
+  void makeRegistrations();
+  void startEngine(const Options& options, const Placement& placement);
+
   // A plan (the algorithm chosen and its schedule) depends only on the
   // collective's shape (and this rank and group, the configuration and the
   // tuning table, fixed for the backend's life): the most recent ones are
