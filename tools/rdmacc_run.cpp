@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
@@ -90,9 +91,31 @@ int exitCode(int status) {
   return 1;
 }
 
-}  // namespace
+// What the command line asks for, checked.
+struct Launch {
+  int n = 0;
+  int nnodes = 1;
+  int nodeRank = 0;
+  std::string masterAddr;
+  int masterPort = 0;
+  int storePort = 0;
+  bool prefix = true;
+  std::chrono::milliseconds timeout{0};
+  std::vector<std::string> program;
+  bool multiNode() const { return nnodes > 1; }
+};
 
-int main(int argc, char** argv) {
+// Parses and checks the command line: the launch, or the exit status
+// (usage errors, --help, --version).
+std::variant<Launch, int> parseLaunch(int argc, char** argv) {
+  Launch l;
+  int& n = l.n;
+  int& nnodes = l.nnodes;
+  int& nodeRank = l.nodeRank;
+  std::string& masterAddr = l.masterAddr;
+  int& masterPort = l.masterPort;
+  int& storePort = l.storePort;
+  bool noPrefix = false;
   CLI::App app(
       "Starts N copies of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, "
       "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT set (as torchrun does) and "
@@ -108,13 +131,6 @@ int main(int argc, char** argv) {
       "stopped the same way, so nothing outlives the job.",
       "rdmacc-run");
   rdmacc::cli::addVersion(app);
-  int n = 0;
-  int nnodes = 1;
-  int nodeRank = 0;
-  std::string masterAddr;
-  int masterPort = 0;
-  int storePort = 0;
-  bool noPrefix = false;
   std::string timeoutText = "0";
   app.add_option("-n,--nproc,--nproc-per-node", n, "ranks to start on this host")
       ->required()
@@ -144,7 +160,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-prefix", noPrefix, "do not prefix output lines with [rank]");
   app.prefix_command();  // PROGRAM and everything after it belong to the program
   if (auto status = rdmacc::cli::parse(app, argc, argv)) return *status;
-  std::vector<std::string> program = app.remaining();
+  std::vector<std::string>& program = l.program;
+  program = app.remaining();
   // prefix_command() hands the first word it does not know to the program:
   // before "--", an unknown option is a typo of ours, not a program to run.
   if (!program.empty() && program.front() != "--" && program.front().starts_with("-")) {
@@ -187,107 +204,42 @@ int main(int argc, char** argv) {
     }
     storePort = masterPort + 1;
   }
-  const bool prefix = !noPrefix;
-  const std::string host = rdmacc::hostName();
-  const std::chrono::milliseconds timeout = rdmacc::cli::parseSeconds(timeoutText);
-  std::vector<char*> programArgv;
-  for (auto& arg : program) programArgv.push_back(arg.data());
-  programArgv.push_back(nullptr);
+  l.prefix = !noPrefix;
+  l.timeout = rdmacc::cli::parseSeconds(timeoutText);
+  return l;
+}
 
-  // The ranks inherit the RDMACC_* environment: a value none of them would
-  // accept stops the launch here, once, instead of in every rank.
-  std::optional<rdmacc::Config> config;
-  try {
-    config = rdmacc::Config::load();
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "rdmacc-run: {}\n", e.what());
-    return rdmacc::cli::kUsage;
-  }
-  // Several ranks on this host, each with OpenMP's default of one thread per
-  // CPU, oversubscribe it: as torchrun, one thread each unless the user chose.
-  const bool setOmpThreads = n > 1 && std::getenv("OMP_NUM_THREADS") == nullptr;
-  if (setOmpThreads) {
-    fmt::print(stderr,
-               "rdmacc-run: OMP_NUM_THREADS=1 for each of the {} ranks on this host (set "
-               "OMP_NUM_THREADS to choose another number)\n",
-               n);
-  }
-  // Node 0 hosts rdmacc's store at --master-addr (one of its own addresses:
-  // a wrong one fails here, not in every rank later).
-  std::unique_ptr<rdmacc::TCPStoreServer> store;
-  if (nodeRank == 0) {
-    try {
-      // With RDMACC_AUTH_KEY(_FILE) set, the ranks (which inherit it) must
-      // authenticate; a wrong key file stops the launch here.
-      store = std::make_unique<rdmacc::TCPStoreServer>(masterAddr, static_cast<uint16_t>(storePort),
-                                                       rdmacc::authKey(*config),
-                                                       rdmacc::storeServerLimits(*config));
-      storePort = store->port();
-    } catch (const std::exception& e) {
-      fmt::print(stderr,
-                 "rdmacc-run: cannot host the store at {}:{}: {}\n(--master-addr must be an "
-                 "address of this host, node 0; --store-port a free port)\n",
-                 masterAddr, storePort, e.what());
-      return 1;
-    }
-  }
-  // MASTER_PORT is left free for torch.distributed, whose rank 0 hosts its
-  // own store there (a different protocol); rdmacc's store has its own port.
-  if (masterPort == 0) {
-    try {
-      masterPort = freePort();
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "rdmacc-run: {}\n", e.what());
-      return 1;
-    }
-  }
-  struct sigaction sa {};
-  sa.sa_handler = onSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+// The ranks of this host and what watches over them: their output passed
+// on with a prefix, their exits reaped, and everyone stopped when one fails,
+// on a signal or at the timeout.
+class Job {
+ public:
+  Job(const Launch& launch, std::string host) : launch_(launch), host_(std::move(host)) {}
 
-  std::vector<Rank> ranks(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
+  // Starts rank `local` of this host with torchrun's environment; false
+  // (after saying why) when it cannot.
+  bool spawn(int local, const std::vector<std::string>& env) {
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
       fmt::print(stderr, "rdmacc-run: pipe: {}\n", std::strerror(errno));
-      return 1;
+      return false;
     }
     // Everything the child needs is built before fork(): this process has a
     // store thread, so the child may only make async-signal-safe calls.
-    std::vector<std::string> envStrings;
-    for (char** e = environ; *e != nullptr; ++e) {
-      std::string_view kv(*e);
-      std::string_view name = kv.substr(0, kv.find('='));
-      if (name == "RANK" || name == "LOCAL_RANK" || name == "WORLD_SIZE" ||
-          name == "LOCAL_WORLD_SIZE" || name == "MASTER_ADDR" || name == "MASTER_PORT" ||
-          name == "GROUP_RANK" || name == "GROUP_WORLD_SIZE" || name == "RDMACC_AGENT_STORE" ||
-          name == "RDMACC_STORE_PORT") {
-        continue;
-      }
-      envStrings.emplace_back(kv);
-    }
-    envStrings.push_back(fmt::format("RANK={}", nodeRank * n + r));
-    envStrings.push_back(fmt::format("LOCAL_RANK={}", r));
-    envStrings.push_back(fmt::format("WORLD_SIZE={}", nnodes * n));
-    envStrings.push_back(fmt::format("LOCAL_WORLD_SIZE={}", n));
-    envStrings.push_back(fmt::format("GROUP_RANK={}", nodeRank));
-    envStrings.push_back(fmt::format("GROUP_WORLD_SIZE={}", nnodes));
-    envStrings.push_back(fmt::format("MASTER_ADDR={}", masterAddr));
-    envStrings.push_back(fmt::format("MASTER_PORT={}", masterPort));
-    envStrings.push_back("RDMACC_AGENT_STORE=1");
-    envStrings.push_back(fmt::format("RDMACC_STORE_PORT={}", storePort));
-    if (setOmpThreads) envStrings.push_back("OMP_NUM_THREADS=1");
+    std::vector<std::string> argvStrings = launch_.program;
+    std::vector<char*> argv;
+    for (auto& arg : argvStrings) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> envStrings = env;
     std::vector<char*> envp;
     for (auto& kv : envStrings) envp.push_back(kv.data());
     envp.push_back(nullptr);
-    const std::string execFailed =
-        fmt::format("rdmacc-run: cannot execute {} (not found or not executable)\n", program[0]);
+    const std::string execFailed = fmt::format(
+        "rdmacc-run: cannot execute {} (not found or not executable)\n", launch_.program[0]);
     pid_t pid = fork();
     if (pid < 0) {
       fmt::print(stderr, "rdmacc-run: fork: {}\n", std::strerror(errno));
-      return 1;
+      return false;
     }
     if (pid == 0) {
       // Its own session (and process group, whose id is its pid): the
@@ -299,35 +251,69 @@ int main(int argc, char** argv) {
       signal(SIGPIPE, SIG_DFL);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
-      execvpe(programArgv[0], programArgv.data(), envp.data());
+      execvpe(argv[0], argv.data(), envp.data());
       ssize_t ignored = write(STDERR_FILENO, execFailed.data(), execFailed.size());
       (void)ignored;
       _exit(127);
     }
     close(out[1]);
     close(err[1]);
-    ranks[static_cast<size_t>(r)] =
-        Rank{.rank = nodeRank * n + r, .pid = pid, .out = out[0], .err = err[0]};
+    ranks_.push_back(Rank{
+        .rank = launch_.nodeRank * launch_.n + local, .pid = pid, .out = out[0], .err = err[0]});
+    ++running_;
+    return true;
   }
 
-  auto prefixOf = [&](const Rank& r) -> std::string {
-    if (!prefix) return {};
-    return multiNode ? fmt::format("[{}:{}] ", host, r.rank) : fmt::format("[{}] ", r.rank);
-  };
-  const auto start = Clock::now();
-  int firstFailure = -1;  // rank
-  int result = 0;
-  Clock::time_point killAt{};
-  bool terminated = false;
-  // After a rank failed, the others get a moment to fail on their own (they
-  // usually learn of it within milliseconds) and report it, naming the rank,
-  // before they are stopped.
-  std::optional<Clock::time_point> stopAt;
+  // Watches the ranks until all exited; the launcher's exit status.
+  int supervise() {
+    const auto start = Clock::now();
+    Clock::time_point killAt{};
+    // After a rank failed, the others get a moment to fail on their own
+    // (they usually learn of it within milliseconds) and report it, naming
+    // the rank, before they are stopped.
+    std::optional<Clock::time_point> stopAt;
+    auto stop = [&](int sig, int status) {
+      terminateAll(sig);
+      terminated_ = true;
+      if (status >= 0) result_ = status;
+      killAt = Clock::now() + std::chrono::seconds(5);
+    };
+    while (running_ > 0) {
+      if (!pumpOutput()) usleep(20000);
+      if (reap() && !stopAt) stopAt = Clock::now() + std::chrono::seconds(1);
+      if (stopAt && !terminated_ && Clock::now() >= *stopAt) stop(SIGTERM, -1);
+      if (gSignal != 0 && !terminated_) {
+        fmt::print(stderr, "rdmacc-run: caught signal {}; stopping all ranks\n",
+                   static_cast<int>(gSignal));
+        // SIGINT as SIGINT: a Python rank sees KeyboardInterrupt.
+        stop(gSignal, 128 + gSignal);
+      }
+      if (launch_.timeout.count() > 0 && !terminated_ && Clock::now() - start > launch_.timeout) {
+        fmt::print(stderr, "rdmacc-run: timed out after {} ms; stopping all ranks\n",
+                   launch_.timeout.count());
+        stop(SIGTERM, 124);
+      }
+      if (terminated_ && Clock::now() > killAt) terminateAll(SIGKILL);
+    }
+    drain();
+    return result_;
+  }
+
+  // Stops every rank's process group (after a failure of the launch itself).
+  void abandon() { terminateAll(SIGKILL); }
+
+ private:
+  std::string prefixOf(const Rank& r) const {
+    if (!launch_.prefix) return {};
+    return launch_.multiNode() ? fmt::format("[{}:{}] ", host_, r.rank)
+                               : fmt::format("[{}] ", r.rank);
+  }
+
   // Every rank's process group: the rank and what it started, also after
   // the rank itself exited (its pid stays reserved while the group has a
   // member; once it has none, it is left alone).
-  auto terminateAll = [&](int sig) {
-    for (auto& r : ranks) {
+  void terminateAll(int sig) {
+    for (auto& r : ranks_) {
       if (r.groupGone) continue;
       if (!r.running && kill(-r.pid, 0) != 0 && errno == ESRCH) {
         r.groupGone = true;
@@ -335,14 +321,14 @@ int main(int argc, char** argv) {
       }
       kill(-r.pid, sig);
     }
-  };
-  int running = n;
-  // Passes on what the ranks wrote, waiting up to 100 ms for it; false
-  // once every pipe has closed.
-  auto pumpOutput = [&] {
+  }
+
+  // Passes on what the ranks wrote, waiting up to 100 ms for it; false once
+  // every pipe has closed.
+  bool pumpOutput() {
     std::vector<pollfd> fds;
     std::vector<std::pair<Rank*, bool>> who;  // (rank, isStdout)
-    for (auto& r : ranks) {
+    for (auto& r : ranks_) {
       if (r.out >= 0) fds.push_back({r.out, POLLIN, 0}), who.emplace_back(&r, true);
       if (r.err >= 0) fds.push_back({r.err, POLLIN, 0}), who.emplace_back(&r, false);
     }
@@ -365,72 +351,162 @@ int main(int argc, char** argv) {
       }
     }
     return true;
-  };
-  while (running > 0) {
-    if (!pumpOutput()) usleep(20000);
+  }
+
+  // Collects the ranks that exited; true when the first failure of the job
+  // is among them (its status becomes the launcher's).
+  bool reap() {
+    bool failedNow = false;
     int status = 0;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-      for (auto& r : ranks) {
+      for (auto& r : ranks_) {
         if (r.pid != pid || !r.running) continue;
         r.running = false;
         r.status = status;
-        --running;
-        if (exitCode(status) != 0 && firstFailure < 0 && !terminated) {
-          firstFailure = r.rank;
-          result = exitCode(status);
+        --running_;
+        if (exitCode(status) != 0 && firstFailure_ < 0 && !terminated_) {
+          firstFailure_ = r.rank;
+          result_ = exitCode(status);
           fmt::print(stderr, "rdmacc-run: rank {} {} {}; stopping the other ranks{}\n", r.rank,
                      WIFSIGNALED(status) ? "was killed by signal" : "exited with status",
                      WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
-                     multiNode ? fmt::format(" on {}", host) : "");
-          stopAt = Clock::now() + std::chrono::seconds(1);
+                     launch_.multiNode() ? fmt::format(" on {}", host_) : "");
+          failedNow = true;
         }
       }
     }
-    if (stopAt && !terminated && Clock::now() >= *stopAt) {
-      terminateAll(SIGTERM);
-      terminated = true;
-      killAt = Clock::now() + std::chrono::seconds(5);
-    }
-    if (gSignal != 0 && !terminated) {
-      fmt::print(stderr, "rdmacc-run: caught signal {}; stopping all ranks\n",
-                 static_cast<int>(gSignal));
-      terminateAll(gSignal);  // SIGINT as SIGINT: a Python rank sees KeyboardInterrupt
-      terminated = true;
-      result = 128 + gSignal;
-      killAt = Clock::now() + std::chrono::seconds(5);
-    }
-    if (timeout.count() > 0 && !terminated && Clock::now() - start > timeout) {
-      fmt::print(stderr, "rdmacc-run: timed out after {} ms; stopping all ranks\n",
-                 timeout.count());
-      terminateAll(SIGTERM);
-      terminated = true;
-      result = 124;
-      killAt = Clock::now() + std::chrono::seconds(5);
-    }
-    if (terminated && Clock::now() > killAt) terminateAll(SIGKILL);
+    return failedNow;
   }
+
   // What the ranks left running (a background child, a server they
   // started) goes with them, as torchrun's workers' process groups do: it
-  // would hold the output pipes open and keep this launcher waiting.
-  terminateAll(SIGTERM);
-  // Drain what is left in the pipes: until each closes, for at most the
-  // grace before SIGKILL and a moment after it (a process that left the
-  // rank's session can hold a pipe for ever).
-  const auto drainStart = Clock::now();
-  bool killed = false;
-  while (pumpOutput() && Clock::now() - drainStart < std::chrono::seconds(6)) {
-    if (!killed && Clock::now() - drainStart > std::chrono::seconds(5)) {
-      terminateAll(SIGKILL);
-      killed = true;
+  // would hold the output pipes open and keep this launcher waiting. Then
+  // what is left in the pipes, until each closes, for at most the grace
+  // before SIGKILL and a moment after it (a process that left the rank's
+  // session can hold a pipe for ever).
+  void drain() {
+    terminateAll(SIGTERM);
+    const auto drainStart = Clock::now();
+    bool killed = false;
+    while (pumpOutput() && Clock::now() - drainStart < std::chrono::seconds(6)) {
+      if (!killed && Clock::now() - drainStart > std::chrono::seconds(5)) {
+        terminateAll(SIGKILL);
+        killed = true;
+      }
+    }
+    for (auto& r : ranks_) {
+      for (int* fd : {&r.out, &r.err}) {
+        if (*fd < 0) continue;
+        emit(prefixOf(r), fd == &r.out ? r.outBuf : r.errBuf, fd == &r.out ? stdout : stderr, true);
+        close(*fd);
+      }
     }
   }
-  for (auto& r : ranks) {
-    for (int* fd : {&r.out, &r.err}) {
-      if (*fd < 0) continue;
-      emit(prefixOf(r), fd == &r.out ? r.outBuf : r.errBuf, fd == &r.out ? stdout : stderr, true);
-      close(*fd);
+
+  const Launch& launch_;
+  const std::string host_;
+  std::vector<Rank> ranks_;
+  int running_ = 0;
+  int firstFailure_ = -1;  // rank
+  int result_ = 0;
+  bool terminated_ = false;
+};
+
+// The environment of rank `local` of this host: the launcher's, less what
+// describes another launch, plus torchrun's variables and the store's.
+std::vector<std::string> rankEnvironment(const Launch& l, int local, bool setOmpThreads) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    std::string_view name = kv.substr(0, kv.find('='));
+    if (name == "RANK" || name == "LOCAL_RANK" || name == "WORLD_SIZE" ||
+        name == "LOCAL_WORLD_SIZE" || name == "MASTER_ADDR" || name == "MASTER_PORT" ||
+        name == "GROUP_RANK" || name == "GROUP_WORLD_SIZE" || name == "RDMACC_AGENT_STORE" ||
+        name == "RDMACC_STORE_PORT") {
+      continue;
+    }
+    env.emplace_back(kv);
+  }
+  env.push_back(fmt::format("RANK={}", l.nodeRank * l.n + local));
+  env.push_back(fmt::format("LOCAL_RANK={}", local));
+  env.push_back(fmt::format("WORLD_SIZE={}", l.nnodes * l.n));
+  env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", l.n));
+  env.push_back(fmt::format("GROUP_RANK={}", l.nodeRank));
+  env.push_back(fmt::format("GROUP_WORLD_SIZE={}", l.nnodes));
+  env.push_back(fmt::format("MASTER_ADDR={}", l.masterAddr));
+  env.push_back(fmt::format("MASTER_PORT={}", l.masterPort));
+  env.push_back("RDMACC_AGENT_STORE=1");
+  env.push_back(fmt::format("RDMACC_STORE_PORT={}", l.storePort));
+  if (setOmpThreads) env.push_back("OMP_NUM_THREADS=1");
+  return env;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto parsed = parseLaunch(argc, argv);
+  if (const int* status = std::get_if<int>(&parsed)) return *status;
+  Launch& launch = std::get<Launch>(parsed);
+  // The ranks inherit the RDMACC_* environment: a value none of them would
+  // accept stops the launch here, once, instead of in every rank.
+  std::optional<rdmacc::Config> config;
+  try {
+    config = rdmacc::Config::load();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "rdmacc-run: {}\n", e.what());
+    return rdmacc::cli::kUsage;
+  }
+  // Several ranks on this host, each with OpenMP's default of one thread per
+  // CPU, oversubscribe it: as torchrun, one thread each unless the user chose.
+  const bool setOmpThreads = launch.n > 1 && std::getenv("OMP_NUM_THREADS") == nullptr;
+  if (setOmpThreads) {
+    fmt::print(stderr,
+               "rdmacc-run: OMP_NUM_THREADS=1 for each of the {} ranks on this host (set "
+               "OMP_NUM_THREADS to choose another number)\n",
+               launch.n);
+  }
+  // Node 0 hosts rdmacc's store at --master-addr (one of its own addresses:
+  // a wrong one fails here, not in every rank later).
+  std::unique_ptr<rdmacc::TCPStoreServer> store;
+  if (launch.nodeRank == 0) {
+    try {
+      // With RDMACC_AUTH_KEY(_FILE) set, the ranks (which inherit it) must
+      // authenticate; a wrong key file stops the launch here.
+      store = std::make_unique<rdmacc::TCPStoreServer>(
+          launch.masterAddr, static_cast<uint16_t>(launch.storePort), rdmacc::authKey(*config),
+          rdmacc::storeServerLimits(*config));
+      launch.storePort = store->port();
+    } catch (const std::exception& e) {
+      fmt::print(stderr,
+                 "rdmacc-run: cannot host the store at {}:{}: {}\n(--master-addr must be an "
+                 "address of this host, node 0; --store-port a free port)\n",
+                 launch.masterAddr, launch.storePort, e.what());
+      return 1;
     }
   }
-  return result;
+  // MASTER_PORT is left free for torch.distributed, whose rank 0 hosts its
+  // own store there (a different protocol); rdmacc's store has its own port.
+  if (launch.masterPort == 0) {
+    try {
+      launch.masterPort = freePort();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "rdmacc-run: {}\n", e.what());
+      return 1;
+    }
+  }
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  Job job(launch, rdmacc::hostName());
+  for (int r = 0; r < launch.n; ++r) {
+    if (!job.spawn(r, rankEnvironment(launch, r, setOmpThreads))) {
+      job.abandon();
+      return 1;
+    }
+  }
+  return job.supervise();
 }
