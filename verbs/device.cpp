@@ -12,7 +12,6 @@
 
 #include <fmt/format.h>
 
-#include "rdmacc/environment.hpp"
 #include "rdmacc/error.hpp"
 #include "verbs/error.hpp"
 
@@ -62,7 +61,8 @@ std::vector<std::string> deviceNames() {
   return names;
 }
 
-// IPv4 address of a network interface, host byte order.
+}  // namespace
+
 std::optional<uint32_t> interfaceIpv4(const std::string& ifname) {
   ifaddrs* all = nullptr;
   if (::getifaddrs(&all) != 0) return std::nullopt;
@@ -77,7 +77,6 @@ std::optional<uint32_t> interfaceIpv4(const std::string& ifname) {
   return found;
 }
 
-// The IPoIB interface of an InfiniBand port, if any.
 std::optional<uint32_t> ipoibAddress(const std::string& device, int port) {
   std::string base = fmt::format("/sys/class/infiniband/{}/device/net", device);
   std::ifstream probe(base);
@@ -95,17 +94,6 @@ std::optional<uint32_t> ipoibAddress(const std::string& device, int port) {
   ::freeifaddrs(all);
   return found;
 }
-
-std::string listPorts(const DeviceInfo& d) {
-  std::string out;
-  for (const auto& p : d.ports) {
-    out += fmt::format("{}{}:{} {} ({})", out.empty() ? "" : ", ", d.name, p.port, p.state,
-                       p.linkLayer);
-  }
-  return out;
-}
-
-}  // namespace
 
 std::string noDeviceHint() {
   return "load soft-RoCE and create a device on a netdev with an IPv4 address: "
@@ -275,202 +263,6 @@ std::vector<DeviceInfo> listDevices() {
     out.push_back(std::move(d));
   }
   return out;
-}
-
-std::vector<HcaEntry> parseHcaList(const std::string& text) {
-  std::vector<HcaEntry> out;
-  if (text.empty()) return out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    start = comma == std::string::npos ? text.size() + 1 : comma + 1;
-    if (item.empty()) {
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("RDMACC_IB_HCA='{}' has an empty entry", text),
-                  "write device[:port] entries separated by commas, e.g. mlx5_0:1,mlx5_1:1");
-    }
-    HcaEntry e;
-    auto colon = item.find(':');
-    e.device = item.substr(0, colon);
-    if (colon != std::string::npos) {
-      const std::string port = item.substr(colon + 1);
-      int64_t n = -1;
-      if (!port.empty() && port.size() <= 3 &&
-          port.find_first_not_of("0123456789") == std::string::npos) {
-        n = std::stoi(port);
-      }
-      if (n < 1 || n > 255) {
-        throw Error(ErrorKind::InvalidArgument,
-                    fmt::format("RDMACC_IB_HCA='{}' has a bad port in '{}'", text, item),
-                    "write it as device[:port] with port 1..255, e.g. mlx5_0:1");
-      }
-      e.port = static_cast<int>(n);
-    }
-    if (e.device.empty()) {
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("RDMACC_IB_HCA='{}' has an entry without a device: '{}'", text, item),
-                  "write device[:port] entries, e.g. mlx5_0:1,mlx5_1:1");
-    }
-    out.push_back(std::move(e));
-  }
-  return out;
-}
-
-Endpoint selectEndpoint(const Config& config) {
-  return selectEndpoint(config, localRankFromEnvironment());
-}
-
-Endpoint selectEndpoint(const Config& config, int localRank) {
-  return selectEndpoints(config, localRank, 1).front();
-}
-
-std::vector<Endpoint> selectEndpoints(const Config& config, int localRank, int count) {
-  const std::string& hca = config.getString("RDMACC_IB_HCA");
-  const std::string& ifname = config.getString("RDMACC_SOCKET_IFNAME");
-  const int gidIndex = static_cast<int>(config.getInt("RDMACC_IB_GID_INDEX"));
-  const std::vector<HcaEntry> wants = parseHcaList(hca);
-  auto devices = listDevices();
-  if (devices.empty()) {
-    throw Error(ErrorKind::NoDevice, "no RDMA device found (ibv_get_device_list is empty)",
-                verbs::noDeviceHint());
-  }
-  for (const auto& want : wants) {
-    bool exists = false;
-    std::vector<std::string> names;
-    for (const auto& d : devices) {
-      names.push_back(d.name);
-      exists = exists || d.name == want.device;
-    }
-    if (!exists) {
-      throw Error(ErrorKind::NoDevice,
-                  fmt::format("RDMACC_IB_HCA names device '{}', which does not exist", want.device),
-                  fmt::format("devices here: {}", fmt::join(names, ", ")));
-    }
-  }
-  std::optional<uint32_t> ifAddress;
-  if (!ifname.empty()) {
-    ifAddress = verbs::interfaceIpv4(ifname);
-    if (!ifAddress) {
-      throw Error(
-          ErrorKind::InvalidArgument,
-          fmt::format("RDMACC_SOCKET_IFNAME={} has no IPv4 address (or does not exist)", ifname),
-          "name an interface listed by `ip -4 addr` that carries the RDMA traffic");
-    }
-  }
-
-  // One device and port named exactly: its problem is reported precisely.
-  const bool exact = wants.size() == 1;
-  std::vector<std::string> rejected;
-  auto usable = [&](const DeviceInfo& d, const PortInfo& p) -> std::optional<Endpoint> {
-    std::string where = fmt::format("{}:{}", d.name, p.port);
-    if (!p.active) {
-      rejected.push_back(fmt::format("{} is {} (not ACTIVE)", where, p.state));
-      return std::nullopt;
-    }
-    std::optional<uint32_t> address = ifAddress;
-    if (!address && p.linkLayer == "InfiniBand") address = verbs::ipoibAddress(d.name, p.port);
-    if (!address && p.linkLayer == "Ethernet" && gidIndex >= 0) {
-      for (const auto& g : p.gids) {
-        if (g.index == gidIndex) address = g.ipv4();
-      }
-    }
-    GidChoice gid;
-    try {
-      gid = chooseGid(d.name, p, gidIndex, address);
-    } catch (const Error& e) {
-      if (exact && (wants[0].port > 0 || d.ports.size() == 1)) throw;
-      rejected.push_back(fmt::format("{}: {}", where, e.info().message));
-      return std::nullopt;
-    }
-    const GidEntry* entry = nullptr;
-    for (const auto& g : p.gids) {
-      if (g.index == gid.index) entry = &g;
-    }
-    if (!address && entry != nullptr) address = entry->ipv4();
-    if (!address) {
-      rejected.push_back(fmt::format("{} has no IPv4 address for rdma_cm", where));
-      return std::nullopt;
-    }
-    Endpoint ep;
-    ep.device = d.name;
-    ep.port = p.port;
-    ep.ipv4 = formatIpv4(*address);
-    ep.gidIndex = gid.index;
-    ep.gid = entry ? entry->address : "";
-    ep.gidType = entry ? entry->type : "";
-    ep.activeMtu = p.activeMtu;
-    ep.reason = gid.reason;
-    return ep;
-  };
-
-  // The usable ports: those RDMACC_IB_HCA lists, in its order, else every
-  // port of every device. The first one that works per listed entry.
-  std::vector<Endpoint> found;
-  if (wants.empty()) {
-    for (const auto& d : devices) {
-      for (const auto& p : d.ports) {
-        if (auto ep = usable(d, p)) found.push_back(std::move(*ep));
-      }
-    }
-  } else {
-    for (const auto& want : wants) {
-      for (const auto& d : devices) {
-        if (d.name != want.device) continue;
-        bool portExists = false;
-        for (const auto& p : d.ports) {
-          if (want.port > 0 && p.port != want.port) continue;
-          portExists = true;
-          if (auto ep = usable(d, p)) {
-            found.push_back(std::move(*ep));
-            break;
-          }
-        }
-        if (want.port > 0 && !portExists) {
-          if (exact) {
-            throw Error(ErrorKind::NoDevice,
-                        fmt::format("RDMACC_IB_HCA={}: port {} does not exist", hca, want.port),
-                        fmt::format("ports: {}", verbs::listPorts(d)));
-          }
-          rejected.push_back(fmt::format("{}:{} does not exist", want.device, want.port));
-        }
-      }
-    }
-  }
-  if (found.empty()) {
-    throw Error(
-        ErrorKind::NoDevice, fmt::format("no usable RDMA port: {}", fmt::join(rejected, "; ")),
-        "bring a port up (`rdma link`, `ibv_devinfo`), give its netdev an IPv4 address, or pick "
-        "another with RDMACC_IB_HCA=device:port");
-  }
-  if (count < 1 || static_cast<size_t>(count) > found.size()) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("RDMACC_IB_RAILS={} but {} usable port(s) ({})", count, found.size(),
-                            hca.empty() ? "every active port" : "RDMACC_IB_HCA=" + hca),
-                "list as many ports in RDMACC_IB_HCA (device:port,...) as rails, or lower "
-                "RDMACC_IB_RAILS");
-  }
-  // Several: the local ranks of a host spread over them, as NCCL's do; a
-  // rank that stripes over `count` takes the ports after its own too.
-  const std::string from = hca.empty() ? "active ports" : "RDMACC_IB_HCA=" + hca;
-  std::vector<Endpoint> chosen;
-  for (int i = 0; i < count; ++i) {
-    const size_t pick =
-        (static_cast<size_t>(std::max(localRank, 0)) + static_cast<size_t>(i)) % found.size();
-    Endpoint ep = found[pick];
-    ep.reason =
-        found.size() == 1
-            ? fmt::format("{}; {}", hca.empty() ? "first active port" : "RDMACC_IB_HCA=" + hca,
-                          ep.reason)
-        : count == 1
-            ? fmt::format("port {} of {} usable ({}) for local rank {}; {}", pick + 1, found.size(),
-                          from, localRank, ep.reason)
-            : fmt::format("rail {} of {}: port {} of {} usable ({}) for local rank {}; {}", i + 1,
-                          count, pick + 1, found.size(), from, localRank, ep.reason);
-    chosen.push_back(std::move(ep));
-  }
-  return chosen;
 }
 
 }  // namespace rdmacc

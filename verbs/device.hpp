@@ -3,6 +3,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,5 +36,10 @@ std::vector<AsyncEvent> takeAsyncEvents(ibv_context* context);
 
 // The text that tells a user with no device how to get one.
 std::string noDeviceHint();
+
+// The IPv4 address (host byte order) of a network interface, or of the
+// IPoIB interface of an InfiniBand port; none when it has none.
+std::optional<uint32_t> interfaceIpv4(const std::string& ifname);
+std::optional<uint32_t> ipoibAddress(const std::string& device, int port);
 
 }  // namespace rdmacc::verbs
