@@ -163,20 +163,24 @@ uint8_t* mappedSegment(const std::string& name) {
   return nullptr;
 }
 
-// Two ranks of group `name` as two backends of this process, on shm only.
+// Rank r of a group of two named `name`, on shm only.
+std::unique_ptr<VerbsBackend> formRank(const std::shared_ptr<Store>& store, const std::string& name,
+                                       int r) {
+  return std::make_unique<VerbsBackend>(
+      store, r, 2,
+      VerbsBackend::Options{.groupName = name,
+                            .config = {{"RDMACC_TRANSPORT", "shm"},
+                                       {"RDMACC_HOST_ID", "same-host"},
+                                       {"RDMACC_TIMEOUT", "20s"}}});
+}
+
+// Both ranks of group `name` as two backends of this process.
 std::vector<std::unique_ptr<VerbsBackend>> formPair(const std::shared_ptr<Store>& store,
                                                     const std::string& name) {
   std::vector<std::unique_ptr<VerbsBackend>> ranks(2);
   std::vector<std::jthread> forming;
   for (int r = 0; r < 2; ++r) {
-    forming.emplace_back([&, r] {
-      ranks[static_cast<size_t>(r)] = std::make_unique<VerbsBackend>(
-          store, r, 2,
-          VerbsBackend::Options{.groupName = name,
-                                .config = {{"RDMACC_TRANSPORT", "shm"},
-                                           {"RDMACC_HOST_ID", "same-host"},
-                                           {"RDMACC_TIMEOUT", "20s"}}});
-    });
+    forming.emplace_back([&, r] { ranks[static_cast<size_t>(r)] = formRank(store, name, r); });
   }
   return ranks;
 }
@@ -381,14 +385,7 @@ TEST(ShmTransport, DoorbellsLiveInAPrivateDirectory) {
   auto store = std::make_shared<HashStore>(20s);
   const std::string group = "doorbell";
   std::vector<std::unique_ptr<VerbsBackend>> ranks(2);
-  auto form = [&](int r) {
-    ranks[static_cast<size_t>(r)] = std::make_unique<VerbsBackend>(
-        store, r, 2,
-        VerbsBackend::Options{.groupName = group,
-                              .config = {{"RDMACC_TRANSPORT", "shm"},
-                                         {"RDMACC_HOST_ID", "same-host"},
-                                         {"RDMACC_TIMEOUT", "20s"}}});
-  };
+  auto form = [&](int r) { ranks[static_cast<size_t>(r)] = formRank(store, group, r); };
   int squatter = -1;
   std::string bell;
   {
