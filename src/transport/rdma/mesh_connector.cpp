@@ -178,6 +178,72 @@ void Mesh::Connector::onConnectRequest(rdma_cm_event* event, std::vector<verbs::
   attempts.emplace(key, std::move(a));
 }
 
+// The passive side accepted: its hello must be the peer's, then the queue
+// pair goes to RTS and the connection is up.
+void Mesh::Connector::onConnectResponse(Attempt& a, rdma_cm_event* event) {
+  auto theirs = handshake::decodeHello(verbs::privateData(event));
+  auto reason = theirs ? handshake::validate(
+                             *theirs, expect(handshake::Direction::Reply, event, a.peer, a.peer))
+                       : std::optional(handshake::RejectReason::Malformed);
+  if (reason) {
+    throw Error(
+        ErrorInfo{.kind = ErrorKind::Protocol,
+                  .message = fmt::format("the process at {} answered as something other than rank "
+                                         "{} of this group: {}",
+                                         mesh.peerAddresses_[static_cast<size_t>(a.peer)], a.peer,
+                                         handshake::toString(*reason)),
+                  .peerRank = a.peer,
+                  .hint = "another job may be using the same store; give each job its own "
+                          "MASTER_PORT"});
+  }
+  a.remote = advertOf(*theirs);
+  auto params = paramsFor(static_cast<int>(theirs->activeMtu));
+  a.pathMtu = verbs::mtuBytes(params.pathMtu);
+  verbs::moveToRtr(a.qp.get(), a.id.get(), params);
+  verbs::moveToRts(a.qp.get(), a.id.get(), params);
+  verbs::establish(a.id.get());
+  finish(a);
+}
+
+// A rejected connect: true when the attempt is simply dropped (the peer's
+// crossing connection is kept); throws for a reason that ends the peer;
+// false for a transient failure (retried).
+bool Mesh::Connector::onRejected(Attempt& a, rdma_cm_event* event) {
+  auto reason = handshake::decodeReject(verbs::privateData(event));
+  if (reason == handshake::RejectReason::Crossed) {
+    // The peer's connection to us is the one kept: it arrives as a request.
+    log(LogLevel::Debug, "rank {} connects to us at the same time; accepting its connection",
+        a.peer);
+    return true;
+  }
+  // IB CM reason 8, invalid service ID: nothing listens on the peer's
+  // port any more. Lazy, it listened when it published the address, so
+  // its mesh (its process, or its backend) is gone.
+  constexpr int kInvalidServiceId = 8;
+  if (!reason && mesh.lazy_ && event->status == kInvalidServiceId) {
+    throw Error(ErrorInfo{
+        .kind = ErrorKind::PeerFailure,
+        .message = fmt::format("rank {} no longer accepts connections at {} (nothing "
+                               "listens there)",
+                               a.peer, mesh.peerAddresses_[static_cast<size_t>(a.peer)]),
+        .call = "rdma_connect",
+        .peerRank = a.peer,
+        .peerAddress = mesh.peerAddresses_[static_cast<size_t>(a.peer)],
+        .hint = "its process exited or crashed, or destroyed its backend; see its output"});
+  }
+  if (reason) {
+    throw Error(ErrorInfo{.kind = ErrorKind::ConnectionManager,
+                          .message = fmt::format("rank {} rejected our connection: {}", a.peer,
+                                                 handshake::toString(*reason)),
+                          .call = "rdma_connect",
+                          .peerRank = a.peer,
+                          .peerAddress = mesh.peerAddresses_[static_cast<size_t>(a.peer)],
+                          .hint = "every rank of a group must run the same rdmacc version with the "
+                                  "same RDMACC_QPS_PER_PEER and store"});
+  }
+  return false;
+}
+
 void Mesh::Connector::onActiveEvent(Attempt& a, rdma_cm_event* event, bool& drop) {
   switch (event->event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
@@ -192,69 +258,16 @@ void Mesh::Connector::onActiveEvent(Attempt& a, rdma_cm_event* event, bool& drop
                                   .rnrRetry = mesh.params_.rnrRetry});
       break;
     }
-    case RDMA_CM_EVENT_CONNECT_RESPONSE: {
-      auto theirs = handshake::decodeHello(verbs::privateData(event));
-      auto reason = theirs ? handshake::validate(*theirs, expect(handshake::Direction::Reply, event,
-                                                                 a.peer, a.peer))
-                           : std::optional(handshake::RejectReason::Malformed);
-      if (reason) {
-        throw Error(ErrorInfo{
-            .kind = ErrorKind::Protocol,
-            .message = fmt::format("the process at {} answered as something other than rank "
-                                   "{} of this group: {}",
-                                   mesh.peerAddresses_[static_cast<size_t>(a.peer)], a.peer,
-                                   handshake::toString(*reason)),
-            .peerRank = a.peer,
-            .hint = "another job may be using the same store; give each job its own "
-                    "MASTER_PORT"});
-      }
-      a.remote = advertOf(*theirs);
-      auto params = paramsFor(static_cast<int>(theirs->activeMtu));
-      a.pathMtu = verbs::mtuBytes(params.pathMtu);
-      verbs::moveToRtr(a.qp.get(), a.id.get(), params);
-      verbs::moveToRts(a.qp.get(), a.id.get(), params);
-      verbs::establish(a.id.get());
-      finish(a);
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+      onConnectResponse(a, event);
       drop = true;
       break;
-    }
-    case RDMA_CM_EVENT_REJECTED: {
-      auto reason = handshake::decodeReject(verbs::privateData(event));
-      if (reason == handshake::RejectReason::Crossed) {
-        // The peer's connection to us is the one kept: it arrives as a request.
-        log(LogLevel::Debug, "rank {} connects to us at the same time; accepting its connection",
-            a.peer);
+    case RDMA_CM_EVENT_REJECTED:
+      if (onRejected(a, event)) {
         drop = true;
         break;
       }
-      // IB CM reason 8, invalid service ID: nothing listens on the peer's
-      // port any more. Lazy, it listened when it published the address, so
-      // its mesh (its process, or its backend) is gone.
-      constexpr int kInvalidServiceId = 8;
-      if (!reason && mesh.lazy_ && event->status == kInvalidServiceId) {
-        throw Error(ErrorInfo{
-            .kind = ErrorKind::PeerFailure,
-            .message = fmt::format("rank {} no longer accepts connections at {} (nothing "
-                                   "listens there)",
-                                   a.peer, mesh.peerAddresses_[static_cast<size_t>(a.peer)]),
-            .call = "rdma_connect",
-            .peerRank = a.peer,
-            .peerAddress = mesh.peerAddresses_[static_cast<size_t>(a.peer)],
-            .hint = "its process exited or crashed, or destroyed its backend; see its output"});
-      }
-      if (reason) {
-        throw Error(ErrorInfo{.kind = ErrorKind::ConnectionManager,
-                              .message = fmt::format("rank {} rejected our connection: {}", a.peer,
-                                                     handshake::toString(*reason)),
-                              .call = "rdma_connect",
-                              .peerRank = a.peer,
-                              .peerAddress = mesh.peerAddresses_[static_cast<size_t>(a.peer)],
-                              .hint =
-                                  "every rank of a group must run the same rdmacc version with the "
-                                  "same RDMACC_QPS_PER_PEER and store"});
-      }
       [[fallthrough]];
-    }
     case RDMA_CM_EVENT_ADDR_ERROR:
     case RDMA_CM_EVENT_ROUTE_ERROR:
     case RDMA_CM_EVENT_UNREACHABLE:

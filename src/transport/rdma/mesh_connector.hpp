@@ -75,6 +75,8 @@ struct Mesh::Connector {
   void startActive(int peer, int q);
   void onConnectRequest(rdma_cm_event* event, std::vector<verbs::CmIdPtr>& discard);
   void onActiveEvent(Attempt& a, rdma_cm_event* event, bool& drop);
+  void onConnectResponse(Attempt& a, rdma_cm_event* event);
+  bool onRejected(Attempt& a, rdma_cm_event* event);
   void onPassiveEvent(Attempt& a, rdma_cm_event* event, bool& drop);
   void onEstablishedEvent(rdma_cm_event* event);
   void handle(verbs::CmEventPtr event);
