@@ -11,6 +11,7 @@
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "src/engine/progress_hub.hpp"
 
 namespace rdmacc {
 namespace {
@@ -42,7 +43,8 @@ Progress::~Progress() {
 }
 
 void Progress::start() {
-  thread_ = std::jthread([this](std::stop_token st) { run(st); });
+  ProgressHub::instance().attach(*this);
+  attached_ = true;
 }
 
 void Progress::stopDrivers() {
@@ -54,10 +56,11 @@ void Progress::stopDrivers() {
 }
 
 void Progress::join() {
-  if (!thread_.joinable()) return;
-  thread_.request_stop();
-  wake();
-  thread_.join();
+  if (!attached_) return;
+  attached_ = false;
+  ProgressHub::instance().detach(*this);
+  std::lock_guard lock(mutex_);
+  engine_.stopping();
 }
 
 void Progress::wake() {
@@ -66,16 +69,15 @@ void Progress::wake() {
   (void)ignored;
 }
 
-// Blocks until a transport event, a submission or maxWait; the engine thread
-// (mayIdle) without pending work until one of the events. Drivers use it too.
-void Progress::sleep(std::chrono::microseconds maxWait, bool mayIdle) {
+// A driver that found nothing to do blocks until a transport event, a
+// submission or maxWait.
+void Progress::sleep(std::chrono::microseconds maxWait) {
   sleepers_.fetch_add(1);  // seq_cst: pairs with the submitter's store and load
   struct Awake {
     std::atomic<int>& count;
     ~Awake() { count.fetch_sub(1); }
   } awake{sleepers_};
   if (pending_.load()) return;
-  bool idle = false;
   {
     std::lock_guard lock(mutex_);
     if (stopped_) return;
@@ -84,15 +86,10 @@ void Progress::sleep(std::chrono::microseconds maxWait, bool mayIdle) {
       transport_.disarm();
       return;
     }
-    idle = mayIdle && engine_.idle();
     // Posts that raise no event (the RDMA board's) are polled for instead.
-    if (auto limit = transport_.pollingSleep()) {
-      idle = false;
-      maxWait = std::min(maxWait, *limit);
-    }
+    if (auto limit = transport_.pollingSleep()) maxWait = std::min(maxWait, *limit);
   }
-  waitForEvents(/*events=*/true,
-                idle ? std::nullopt : std::optional<std::chrono::microseconds>(maxWait));
+  waitForEvents(maxWait);
   std::lock_guard lock(mutex_);
   transport_.consumeEvents();
   // Whoever consumed the events polls what they announced: the engine
@@ -103,14 +100,14 @@ void Progress::sleep(std::chrono::microseconds maxWait, bool mayIdle) {
   if (!stopped_) engine_.step();
 }
 
-// Blocks until a wake-up (eventfd), with `events` also a transport event, or
-// `limit`; consumes the wake-up.
-void Progress::waitForEvents(bool events, std::optional<std::chrono::microseconds> limit) {
+// Blocks until a wake-up (eventfd), a transport event or `limit`; consumes
+// the wake-up.
+void Progress::waitForEvents(std::optional<std::chrono::microseconds> limit) {
   const auto fds = transport_.eventFds();
   std::array<pollfd, std::tuple_size_v<EventFds> + 1> polled{{{wakeFd_.get(), POLLIN, 0}}};
   nfds_t count = 1;
   for (int fd : fds) {
-    if (events && fd >= 0) polled[count++] = pollfd{fd, POLLIN, 0};
+    if (fd >= 0) polled[count++] = pollfd{fd, POLLIN, 0};
   }
   timespec ts{};
   if (limit) {
@@ -157,8 +154,7 @@ void Progress::drive(const Work& work, Clock::time_point until) {
       slept = false;
     } else if (idle > (slept ? spinTime() : driverSpinTime())) {
       sleep(std::chrono::duration_cast<std::chrono::microseconds>(
-                std::min<Clock::duration>(until - now, kSleepSlice)),
-            /*mayIdle=*/false);
+          std::min<Clock::duration>(until - now, kSleepSlice)));
       lastProgress = Clock::now();
       slept = true;
     } else if (spinYield_ || idle > spinTime()) {
@@ -213,39 +209,6 @@ std::chrono::microseconds Progress::driverPause() const {
   auto since = Clock::now() - Clock::time_point(Clock::duration(left));
   if (since >= kDriverLinger) return microseconds(0);
   return std::chrono::duration_cast<microseconds>(kDriverLinger - since) + microseconds(1);
-}
-
-void Progress::run(const std::stop_token& stop) {
-  auto lastProgress = Clock::now();
-  while (!stop.stop_requested()) {
-    if (auto pause = driverPause(); pause.count() > 0) {
-      // While drivers make progress: wait for a wake-up or the pause.
-      waitForEvents(/*events=*/false, pause);
-      lastProgress = Clock::now();
-      continue;
-    }
-    bool progress = false;
-    {
-      std::lock_guard lock(mutex_);
-      progress = engine_.step();
-    }
-    auto now = Clock::now();
-    if (progress) {
-      lastProgress = now;
-      continue;
-    }
-    if (now - lastProgress < spinTime()) {
-      if (spinYield_) sched_yield();
-      continue;
-    }
-    try {
-      sleep(kSleepSlice, /*mayIdle=*/true);
-    } catch (const std::exception& e) {
-      log(LogLevel::Error, "progress engine: {}", e.what());
-    }
-  }
-  std::lock_guard lock(mutex_);
-  engine_.stopping();
 }
 
 }  // namespace rdmacc

@@ -1,17 +1,15 @@
-// Who makes progress, and when: the engine's own thread, or a caller blocked
-// in Work::wait() (a "driver"), whoever holds the progress lock. Busy-polls
-// while things move or for the spin time, then sleeps on the transport's
-// event channels and the wake-up eventfd; with pending work it wakes at least
-// every kSleepSlice (deadlines). Knows nothing of operations: it drives a
-// Steppable.
+// Who makes progress, and when: the process's engine thread (ProgressHub,
+// shared by every group), or a caller blocked in Work::wait() (a "driver"),
+// whoever holds this group's progress lock. Busy-polls while things move or
+// for the spin time, then sleeps on the transport's event channels and the
+// wake-up eventfd; with pending work it wakes at least every kSleepSlice
+// (deadlines). Knows nothing of operations: it drives a Steppable.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <optional>
-#include <stop_token>
-#include <thread>
 
 #include "rdmacc/work.hpp"
 #include "src/core/owned_mutex.hpp"
@@ -30,7 +28,7 @@ class Steppable {
   // Nothing pending, nothing awaiting a verdict: the engine thread may sleep
   // until an event without a time limit.
   virtual bool idle() const = 0;
-  // On the engine thread as it stops.
+  // Once the engine thread no longer steps it (under the progress lock).
   virtual void stopping() = 0;
 
  protected:
@@ -43,14 +41,14 @@ class Progress {
   static constexpr auto kSleepSlice = std::chrono::microseconds(20000);
 
   Progress(Transport& transport, Steppable& engine, const EngineOptions& options);
-  ~Progress();  // joins the engine thread
+  ~Progress();  // leaves the engine thread
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
 
-  // Starts the engine thread.
+  // The engine thread starts stepping this group.
   void start();
   // No more progress: drivers leave (a sleeping one is woken), and later
-  // ones return at once. Then join() stops the engine thread.
+  // ones return at once. Then join() takes the group off the engine thread.
   void stopDrivers();
   void join();
 
@@ -97,9 +95,10 @@ class Progress {
   void drive(const Work& work, std::chrono::steady_clock::time_point until);
 
  private:
-  void run(const std::stop_token& stop);
-  void sleep(std::chrono::microseconds maxWait, bool mayIdle);
-  void waitForEvents(bool events, std::optional<std::chrono::microseconds> limit);
+  friend class ProgressHub;  // the engine thread's side of the members below
+
+  void sleep(std::chrono::microseconds maxWait);
+  void waitForEvents(std::optional<std::chrono::microseconds> limit);
   void driverLeaves(bool completed);
   std::chrono::microseconds spinTime() const;
   std::chrono::microseconds driverSpinTime() const;
@@ -124,9 +123,10 @@ class Progress {
   std::atomic<int> drivers_{0};
   std::atomic<bool> latencyBound_{false};
   std::atomic<std::chrono::steady_clock::rep> driverLeft_{
-      0};                 // when the last driver left content; 0: none since
-  bool stopped_ = false;  // under mutex_: no more progress
-  std::jthread thread_;   // last: stops before the members above go
+      0};                  // when the last driver left content; 0: none since
+  bool stopped_ = false;   // under mutex_: no more progress
+  bool attached_ = false;  // start() ran and join() has not
+  std::chrono::steady_clock::time_point hubLastProgress_;  // the engine thread's
 };
 
 }  // namespace rdmacc

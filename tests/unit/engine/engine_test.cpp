@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -16,6 +17,7 @@
 
 #include "rdmacc/error.hpp"
 #include "src/engine/engine.hpp"
+#include "src/engine/progress_hub.hpp"
 #include "src/schedule/algorithms/algorithms.hpp"
 #include "src/schedule/schedule.hpp"
 #include "tests/unit/engine/fake_transport.hpp"
@@ -234,6 +236,95 @@ TEST(Engine, AFailedTransferFailsTheOperationNamingThePeer) {
   const Error e = failureOf(*recv);
   EXPECT_NE(std::string(e.what()).find("IBV_WC_RETRY_EXC_ERR on the fake link"), std::string::npos)
       << e.what();
+}
+
+size_t threadsOfThisProcess() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    ++n;
+  }
+  return n;
+}
+
+// Waits without driving: only the engine thread can complete `work`.
+bool completesUnaided(const Work& work, std::chrono::seconds limit = 20s) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!work.isCompleted()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+TEST(ProgressHub, OneEngineThreadServesEveryGroupAndEndsWithTheLast) {
+  ASSERT_FALSE(ProgressHub::instance().running());
+  const size_t before = threadsOfThisProcess();
+  {
+    // Seven engines in two groups (as a process in two DeviceMesh dimensions
+    // has a few groups): one engine thread between them.
+    Group a(4, 2, 256);
+    Group b(3, 2, 256);
+    EXPECT_EQ(threadsOfThisProcess(), before + 1);
+    std::vector<std::vector<int32_t>> da(4, std::vector<int32_t>(300)),
+        db(3, std::vector<int32_t>(200));
+    std::vector<std::shared_ptr<Work>> works;
+    for (int r = 0; r < 4; ++r) {
+      std::iota(da[r].begin(), da[r].end(), r);
+      works.push_back(a[r].submit(ringAllreduce(r, 4, da[r])));
+    }
+    for (int r = 0; r < 3; ++r) {
+      std::iota(db[r].begin(), db[r].end(), 10 * r);
+      works.push_back(b[r].submit(ringAllreduce(r, 3, db[r])));
+    }
+    for (auto& w : works) EXPECT_TRUE(completesUnaided(*w));
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(da[r][5], 4 * 5 + 6) << "rank " << r;
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(db[r][5], 3 * 5 + 30) << "rank " << r;
+  }
+  EXPECT_FALSE(ProgressHub::instance().running());
+  EXPECT_EQ(threadsOfThisProcess(), before);
+  // And comes back with the next group.
+  Group c(2, 2, 256);
+  EXPECT_TRUE(ProgressHub::instance().running());
+  auto w0 = c[0].submit(barrier(0, 2));
+  auto w1 = c[1].submit(barrier(1, 2));
+  EXPECT_TRUE(completesUnaided(*w0));
+  EXPECT_TRUE(completesUnaided(*w1));
+}
+
+TEST(ProgressHub, AFailureInOneGroupLeavesTheOthersWorking) {
+  Group broken(3, 2, 256);
+  Group healthy(2, 2, 256);
+  auto w0 = broken[0].submit(barrier(0, 3, 60s));
+  broken.net->kill(2);
+  EXPECT_EQ(failureOf(*w0).kind(), ErrorKind::PeerFailure);
+  std::vector<std::vector<int32_t>> d(2, std::vector<int32_t>(100, 1));
+  auto h0 = healthy[0].submit(ringAllreduce(0, 2, d[0]));
+  auto h1 = healthy[1].submit(ringAllreduce(1, 2, d[1]));
+  EXPECT_TRUE(completesUnaided(*h0));
+  EXPECT_TRUE(completesUnaided(*h1));
+  EXPECT_TRUE(h0->wait());
+  EXPECT_EQ(d[1][99], 2);
+}
+
+// Groups made and destroyed while others run: each leaves the engine thread
+// without a step of it racing the destruction (ASan and TSan watch).
+TEST(ProgressHub, GroupsComeAndGoWhileAnotherRuns) {
+  Group steady(2, 2, 256);
+  for (int i = 0; i < 20; ++i) {
+    Group passing(2, 2, 256);
+    auto p0 = passing[0].submit(barrier(0, 2));
+    auto p1 = passing[1].submit(barrier(1, 2));
+    auto s0 = steady[0].submit(barrier(0, 2));
+    auto s1 = steady[1].submit(barrier(1, 2));
+    EXPECT_TRUE(completesUnaided(*s0));
+    EXPECT_TRUE(completesUnaided(*s1));
+    if (i % 2 == 0) {
+      EXPECT_TRUE(p0->wait());
+      EXPECT_TRUE(p1->wait());
+    }  // else destroyed with its barrier perhaps under way
+  }
+  EXPECT_TRUE(ProgressHub::instance().running());
 }
 
 }  // namespace
