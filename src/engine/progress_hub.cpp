@@ -1,12 +1,14 @@
 #include "src/engine/progress_hub.hpp"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <new>
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
@@ -37,8 +39,27 @@ std::optional<microseconds> earliest(std::optional<microseconds> a, microseconds
 }  // namespace
 
 ProgressHub& ProgressHub::instance() {
-  static auto* hub = new ProgressHub();  // never destroyed (see the header)
+  static ProgressHub* const hub = [] {
+    auto* made = new ProgressHub();  // never destroyed (see the header)
+    ::pthread_atfork([] { instance().mutex_.lock(); }, [] { instance().mutex_.unlock(); },
+                     [] { instance().forgetThreadInChild(); });
+    return made;
+  }();
   return *hub;
+}
+
+// In a forked child (a DataLoader worker): the engine thread did not come
+// along, and the groups it stepped are the parent's. A group the child makes
+// starts a thread of its own. Runs with mutex_ held since the fork.
+void ProgressHub::forgetThreadInChild() {
+  members_.clear();
+  active_.clear();
+  detachedHere_.clear();
+  threadId_ = {};
+  // Neither joined nor destroyed: there is no such thread here.
+  new (&thread_) std::jthread();  // NOLINT(bugprone-*): the old one leaks
+  threadWake_.reset();
+  mutex_.unlock();
 }
 
 ProgressHub::ProgressHub() = default;

@@ -59,6 +59,7 @@ class ProgressHub {
   // round: the round's snapshot no longer holds it.
   bool gone(const Progress* member) const;
   void wakeThread();  // under mutex_
+  void forgetThreadInChild();
 
   mutable std::mutex mutex_;  // everything below but detachedHere_
   std::condition_variable roundEnded_;

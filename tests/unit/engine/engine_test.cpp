@@ -3,6 +3,8 @@
 // show only as a whole (ordering, credits, deadlines, failure fan-out, later
 // collectives overlapping the oldest) is asserted here directly.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -259,6 +261,7 @@ bool completesUnaided(const Work& work, std::chrono::seconds limit = 20s) {
 
 TEST(ProgressHub, OneEngineThreadServesEveryGroupAndEndsWithTheLast) {
   ASSERT_FALSE(ProgressHub::instance().running());
+  std::thread([] {}).join();  // a sanitizer's helper thread starts with the first
   const size_t before = threadsOfThisProcess();
   {
     // Seven engines in two groups (as a process in two DeviceMesh dimensions
@@ -325,6 +328,30 @@ TEST(ProgressHub, GroupsComeAndGoWhileAnotherRuns) {
     }  // else destroyed with its barrier perhaps under way
   }
   EXPECT_TRUE(ProgressHub::instance().running());
+}
+
+// A forked child (a DataLoader worker) has no engine thread: a group it makes
+// starts its own, while the parent's keeps serving the parent.
+TEST(ProgressHub, AForkedChildsGroupGetsAnEngineThreadOfItsOwn) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "TSan does not support threads started after a multi-threaded fork";
+#endif
+  Group parent(2, 2, 256);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    Group mine(2, 2, 256);
+    auto w0 = mine[0].submit(barrier(0, 2));
+    auto w1 = mine[1].submit(barrier(1, 2));
+    ::_exit(completesUnaided(*w0, 10s) && completesUnaided(*w1, 10s) ? 0 : 3);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  auto w0 = parent[0].submit(barrier(0, 2));
+  auto w1 = parent[1].submit(barrier(1, 2));
+  EXPECT_TRUE(completesUnaided(*w0));
+  EXPECT_TRUE(completesUnaided(*w1));
 }
 
 }  // namespace
