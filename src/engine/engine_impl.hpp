@@ -169,6 +169,10 @@ struct Engine::Impl final : TransportSink, Steppable {
     return true;
   }
 
+  // Engine::tryOneShot's parts (engine/one_shot.cpp).
+  bool finishEarlierOneShots();
+  bool awaitBoardPeers(Board& board, const OneShotCall& call, uint64_t sequence, bool exclusive);
+
   // Nothing pending but one-shot collectives (under the progress lock).
   bool onlyBoardWork() {
     if (!pointToPoint.empty() || broken) return false;

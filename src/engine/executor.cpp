@@ -130,26 +130,85 @@ void Executor::prepareAdverts(Active& a) {
   }
 }
 
+// The first call: a peer the schedule needs must not have gone; then the
+// copy-in, the prologue, the first step and the adverts of direct receives.
+void Executor::startCollective(Active& a) {
+  Operation& op = *a.op;
+  for (int peer = 0; peer < static_cast<int>(gone_.size()); ++peer) {
+    if (gone_[static_cast<size_t>(peer)] && needs(a, peer, chunk_, matching_)) {
+      throw peerGone(peer, transport_.peerAddress(peer), transport_.departure(peer));
+    }
+  }
+  a.started = true;
+  traceStage(options_.trace, EventTrace::Stage::Start, false, op.sequence);
+  a.deadline = deadlineAfter(op.timeout);
+  if (logEnabled(LogLevel::Trace))
+    log(LogLevel::Trace, "start {} ({} steps)", op.description(), op.steps().size());
+  if (op.copyIn.bytes > 0 && op.copyIn.to != op.copyIn.from) {
+    std::memmove(op.copyIn.to, op.copyIn.from, op.copyIn.bytes);
+  }
+  if (op.prologue) op.prologue();
+  if (!op.steps().empty()) enterStep(a);
+  prepareAdverts(a);
+}
+
+// Posts the chunks of send i of the current step that its gates (the
+// receives it forwards from) have made available, while the peer's slots
+// and the burst allow. True when any went.
+bool Executor::sendChunks(Active& a, const Step& s, size_t i, const Expectation& expected) {
+  Operation& op = *a.op;
+  const SendSpec& send = s.sends[i];
+  const size_t bytes = send.range.bytes;
+  bool progress = false;
+  Burst burst(transport_.sendBurst(send.peer));
+  while (a.sentMessages[i] < messages(bytes)) {
+    size_t available = bytes;
+    bool gatesDone = true;
+    for (int g : send.gates) {
+      available = std::min(available, a.received[static_cast<size_t>(g)]);
+      gatesDone = gatesDone && a.receivedMessages[static_cast<size_t>(g)] ==
+                                   messages(s.recvs[static_cast<size_t>(g)].range.bytes);
+    }
+    size_t payload = std::min(chunk_, bytes - a.sent[i]);
+    if (a.sent[i] + payload > available || (payload == 0 && !gatesDone)) break;
+    Header h{.kind = MessageKind::Collective,
+             .opType = static_cast<uint8_t>(op.type),
+             .sequence = static_cast<uint32_t>(op.sequence),
+             .step = static_cast<uint32_t>(a.step),
+             .payload = static_cast<uint32_t>(payload),
+             .chunk = static_cast<uint32_t>(a.sentMessages[i]),
+             .check = op.checkValue};
+    const uint8_t* base = send.fromRecv ? op.recvBase : op.sendBase;
+    const int64_t posting = traceClock(options_.trace);
+    if (!transport_.trySend(send.peer, h, base + send.range.offset + a.sent[i], a.zeroCopy,
+                            matching_.directTarget(expected, send.peer, a.sent[i], payload))) {
+      break;
+    }
+    tracePost(options_.trace, false, op.sequence, send.peer, posting);
+    a.sent[i] += payload;
+    ++a.sentMessages[i];
+    progress = true;
+    if (burst.spent()) break;
+  }
+  return progress;
+}
+
+// The next step may begin once no zero-copy send still reads what it
+// finalizes (writes into the receive buffer).
+bool Executor::nextStepMayBegin(const Active& a) const {
+  const Operation& op = *a.op;
+  if (a.step + 1 >= op.steps().size()) return true;
+  for (const Range& r : op.steps()[a.step + 1].finalize) {
+    if (a.zeroCopy->overlaps(op.recvBase + r.offset, r.bytes)) return false;
+  }
+  return true;
+}
+
 bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
   Operation& op = *a.op;
   bool progress = false;
   if (!a.started) {
-    for (int peer = 0; peer < static_cast<int>(gone_.size()); ++peer) {
-      if (gone_[static_cast<size_t>(peer)] && needs(a, peer, chunk_, matching_)) {
-        throw peerGone(peer, transport_.peerAddress(peer), transport_.departure(peer));
-      }
-    }
-    a.started = true;
-    traceStage(options_.trace, EventTrace::Stage::Start, false, op.sequence);
-    a.deadline = deadlineAfter(op.timeout);
-    if (logEnabled(LogLevel::Trace))
-      log(LogLevel::Trace, "start {} ({} steps)", op.description(), op.steps().size());
-    if (op.copyIn.bytes > 0 && op.copyIn.to != op.copyIn.from) {
-      std::memmove(op.copyIn.to, op.copyIn.from, op.copyIn.bytes);
-    }
-    if (op.prologue) op.prologue();
-    if (!op.steps().empty()) enterStep(a);
-    prepareAdverts(a);
+    startCollective(a);
     progress = true;
   }
   if (op.schedule && op.schedule->board) return advanceBoard(a) || progress;
@@ -168,50 +227,14 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
                                .oldestSequence = oldestSequence};
     bool complete = true;
     for (size_t i = 0; i < s.sends.size(); ++i) {
-      const SendSpec& send = s.sends[i];
-      size_t bytes = send.range.bytes;
-      Burst burst(transport_.sendBurst(send.peer));
-      while (a.sentMessages[i] < messages(bytes)) {
-        size_t available = bytes;
-        bool gatesDone = true;
-        for (int g : send.gates) {
-          available = std::min(available, a.received[static_cast<size_t>(g)]);
-          gatesDone = gatesDone && a.receivedMessages[static_cast<size_t>(g)] ==
-                                       messages(s.recvs[static_cast<size_t>(g)].range.bytes);
-        }
-        size_t payload = std::min(chunk_, bytes - a.sent[i]);
-        if (a.sent[i] + payload > available || (payload == 0 && !gatesDone)) break;
-        Header h{.kind = MessageKind::Collective,
-                 .opType = static_cast<uint8_t>(op.type),
-                 .sequence = static_cast<uint32_t>(op.sequence),
-                 .step = static_cast<uint32_t>(a.step),
-                 .payload = static_cast<uint32_t>(payload),
-                 .chunk = static_cast<uint32_t>(a.sentMessages[i]),
-                 .check = op.checkValue};
-        const uint8_t* base = send.fromRecv ? op.recvBase : op.sendBase;
-        const int64_t posting = traceClock(options_.trace);
-        if (!transport_.trySend(send.peer, h, base + send.range.offset + a.sent[i], a.zeroCopy,
-                                matching_.directTarget(expected, send.peer, a.sent[i], payload))) {
-          break;
-        }
-        tracePost(options_.trace, false, op.sequence, send.peer, posting);
-        a.sent[i] += payload;
-        ++a.sentMessages[i];
-        progress = true;
-        if (burst.spent()) break;
-      }
-      complete = complete && a.sentMessages[i] == messages(bytes);
+      progress |= sendChunks(a, s, i, expected);
+      complete = complete && a.sentMessages[i] == messages(s.sends[i].range.bytes);
     }
     for (size_t j = 0; j < s.recvs.size(); ++j) {
       progress |= receive(a, expected, j);
       complete = complete && a.receivedMessages[j] == messages(s.recvs[j].range.bytes);
     }
-    if (!complete) return progress;
-    if (a.step + 1 < op.steps().size()) {
-      for (const Range& r : op.steps()[a.step + 1].finalize) {
-        if (a.zeroCopy->overlaps(op.recvBase + r.offset, r.bytes)) return progress;
-      }
-    }
+    if (!complete || !nextStepMayBegin(a)) return progress;
     ++a.step;
     if (a.step < op.steps().size()) enterStep(a);
     progress = true;

@@ -39,6 +39,9 @@ class Executor {
 
  private:
   size_t messages(size_t bytes) const { return messageCount(bytes, chunk_); }
+  void startCollective(Active& a);
+  bool sendChunks(Active& a, const Step& s, size_t i, const Expectation& expected);
+  bool nextStepMayBegin(const Active& a) const;
   void enterStep(Active& a);
   // A one-shot collective (Plan::board), once started (engine/executor_board.cpp).
   bool advanceBoard(Active& a);
