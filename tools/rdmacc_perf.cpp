@@ -70,39 +70,33 @@ const std::vector<std::string> kCollectives = {"allreduce",      "broadcast", "r
                                                "reduce_scatter", "alltoall",  "gather", "scatter",
                                                "sendrecv",       "barrier",   "write",  "idle"};
 
-// The command line; nullopt: exit with `status`.
-std::optional<Args> parse(int argc, char** argv, int& status) {
-  Args a;
-  CLI::App app(
-      "nccl-tests-style timing of one collective over a size sweep. Start it with a launcher: "
-      "rdmacc-run -n 4 -- rdmacc-perf -c allreduce -b 8 -e 16M. Sizes and definitions follow "
-      "nccl-tests: size is the bytes of the per-rank buffer for allreduce/broadcast/reduce, of "
-      "the gathered buffer for allgather/gather, of the input for reduce_scatter/scatter, of "
-      "each rank's buffer for alltoall; algbw = size / time; busbw = algbw x 2(n-1)/n "
-      "(allreduce), (n-1)/n (allgather, reduce_scatter, alltoall, gather, scatter), 1 "
-      "(broadcast, reduce, sendrecv); time: mean per iteration, averaged over ranks. Exit "
-      "status 1 when --check found wrong elements or the run failed, 2 for a wrong command "
-      "line.",
-      "rdmacc-perf");
-  cli::addVersion(app);
+// What the command line gives as text, turned into Args by finishArgs.
+struct RawOptions {
   std::string minBytes = "8", maxBytes = "8M", dtype = "float", op = "sum", algorithm = "auto";
   std::string device;
   int gidIndex = -1;
+  int registerLevel = 0;
+  CLI::Option* iterations = nullptr;
+};
+
+// What to time and how: the collective, the size sweep, iterations, type,
+// reduction, root, algorithm, checking and buffers.
+void addRunOptions(CLI::App& app, Args& a, RawOptions& raw) {
   app.add_option("-c,--collective", a.collective,
                  "what to time; write: RDMA WRITE between 2 ranks (like ib_write_bw/lat); idle: "
                  "form the group, then stay idle -n seconds (CPU time per rank)")
       ->check(CLI::IsMember(kCollectives))
       ->capture_default_str();
-  app.add_option("-b,--minbytes", minBytes, "smallest size in bytes (suffixes K, M, G)")
+  app.add_option("-b,--minbytes", raw.minBytes, "smallest size in bytes (suffixes K, M, G)")
       ->check(cli::size())
       ->capture_default_str();
-  app.add_option("-e,--maxbytes", maxBytes, "largest size")
+  app.add_option("-e,--maxbytes", raw.maxBytes, "largest size")
       ->check(cli::size())
       ->capture_default_str();
   app.add_option("-f,--stepfactor", a.factor, "size multiplication factor (> 1)")
       ->check(CLI::Range(1.0001, 1e6))
       ->capture_default_str();
-  auto* iters =
+  raw.iterations =
       app.add_option("-n,--iters", a.iterations,
                      "iterations per size (write: default 1000; idle: seconds, default 10)")
           ->check(CLI::Range(1, 1000000000))
@@ -113,17 +107,17 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
   app.add_option("-w,--warmup_iters", a.warmup, "warm-up iterations")
       ->check(CLI::Range(0, 1000000000))
       ->capture_default_str();
-  app.add_option("-d,--datatype", dtype,
+  app.add_option("-d,--datatype", raw.dtype,
                  "float, double, half, bfloat16, int8, uint8, int32, int64 (with -c write: the "
                  "RDMA device, as perftest's -d)")
       ->capture_default_str();
-  app.add_option("-o,--op", op, "sum, prod, min, max, avg")
+  app.add_option("-o,--op", raw.op, "sum, prod, min, max, avg")
       ->check(CLI::IsMember({"sum", "prod", "min", "max", "avg"}))
       ->capture_default_str();
   app.add_option("-r,--root", a.root, "root rank")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  app.add_option("-a,--algorithm", algorithm,
+  app.add_option("-a,--algorithm", raw.algorithm,
                  "auto, ring, tree, recursive_doubling (allreduce, power-of-two groups), "
                  "hierarchical (allreduce, broadcast, reduce, barrier), linear (allgather, "
                  "reduce_scatter, alltoall), pairwise (alltoall), dissemination (barrier)")
@@ -134,8 +128,7 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
           "ALGORITHM")
       ->capture_default_str();
   app.add_flag("--check", a.check, "verify every element of every size (#wrong column)");
-  int registerLevel = 0;
-  app.add_option("-R,--register", registerLevel,
+  app.add_option("-R,--register", raw.registerLevel,
                  "register the buffers with the backend: zero-copy sends and direct receives "
                  "(as nccl-tests -R; -R alone is -R 1)")
       ->expected(0, 1)
@@ -148,6 +141,10 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
                  "as DDP's buckets do)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+}
+
+// Where results go: JSON, CSV, a plot and its reference lines.
+void addOutputOptions(CLI::App& app, Args& a) {
   app.add_option("-J,--json", a.json, "write the results as JSON");
   app.add_option("--csv", a.csv,
                  "append the results to a CSV file (header written when it is new), so that runs "
@@ -164,6 +161,10 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
   app.add_option("--ref-time", a.refTime,
                  "draw a reference line at this time (us) in the plot, e.g. ib_write_lat")
       ->check(CLI::NonNegativeNumber);
+}
+
+// -c write's own options (perftest's).
+void addWriteOptions(CLI::App& app, Args& a, RawOptions& raw) {
   app.add_option("-m,--mode", a.mode,
                  "write only: bw, lat, all (both), or exchange: the message path's floor "
                  "(WRITE_WITH_IMM arrivals polled from the CQ, ping-pong and both at once)")
@@ -172,46 +173,76 @@ std::optional<Args> parse(int argc, char** argv, int& status) {
   app.add_option("-t,--tx-depth", a.txDepth, "write only: writes in flight")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--device", device, "write only: the RDMA device (RDMACC_IB_HCA)");
-  app.add_option("-x,--gid-index", gidIndex, "write only: the GID index (RDMACC_IB_GID_INDEX)")
+  app.add_option("--device", raw.device, "write only: the RDMA device (RDMACC_IB_HCA)");
+  app.add_option("-x,--gid-index", raw.gidIndex, "write only: the GID index (RDMACC_IB_GID_INDEX)")
       ->check(CLI::Range(0, 65535));
-  auto usage = [&](const std::string& what) {
-    fmt::print(stderr, "rdmacc-perf: {}\nRun with --help for more information.\n", what);
-    status = cli::kUsage;
-    return std::nullopt;
-  };
-  if (auto exit = cli::parse(app, argc, argv)) {
-    status = *exit;
-    return std::nullopt;
-  }
-  a.iterationsGiven = iters->count() > 0;
+}
+
+// Args from the parsed text, with the defaults that depend on -c; the
+// usage error when the options do not go together.
+std::optional<std::string> finishArgs(Args& a, RawOptions& raw, const CLI::App& app, int argc,
+                                      char** argv) {
+  a.iterationsGiven = raw.iterations->count() > 0;
   a.argv.assign(argv, argv + argc);
-  a.registerBuffers = registerLevel > 0;
-  a.minBytes = parseSize(minBytes, "-b");
-  a.maxBytes = parseSize(maxBytes, "-e");
+  a.registerBuffers = raw.registerLevel > 0;
+  a.minBytes = parseSize(raw.minBytes, "-b");
+  a.maxBytes = parseSize(raw.maxBytes, "-e");
   if (a.collective == "write") {
     // perftest's spelling: -d names the device.
-    if (app.get_option("-d")->count() > 0) device = dtype;
-    if (!device.empty()) ::setenv("RDMACC_IB_HCA", device.c_str(), 1);
-    if (gidIndex >= 0) ::setenv("RDMACC_IB_GID_INDEX", std::to_string(gidIndex).c_str(), 1);
+    if (app.get_option("-d")->count() > 0) raw.device = raw.dtype;
+    if (!raw.device.empty()) ::setenv("RDMACC_IB_HCA", raw.device.c_str(), 1);
+    if (raw.gidIndex >= 0) {
+      ::setenv("RDMACC_IB_GID_INDEX", std::to_string(raw.gidIndex).c_str(), 1);
+    }
   } else {
-    if (!device.empty() || gidIndex >= 0) return usage("--device and -x are for -c write");
+    if (!raw.device.empty() || raw.gidIndex >= 0) return "--device and -x are for -c write";
     try {
-      a.dtype = parseType(dtype);
+      a.dtype = parseType(raw.dtype);
     } catch (const std::exception& e) {
-      return usage(e.what());
+      return e.what();
     }
   }
-  a.op = parseOp(op);
-  a.algorithm = *algorithmNamed(algorithm);  // checked by the option
+  a.op = parseOp(raw.op);
+  a.algorithm = *algorithmNamed(raw.algorithm);  // checked by the option
   if (a.replot && (a.csv.empty() || a.plot.empty())) {
-    return usage("--replot needs --csv FILE and --plot FILE.png");
+    return "--replot needs --csv FILE and --plot FILE.png";
   }
   if (a.collective == "write" && !a.iterationsGiven) a.iterations = 1000;
   if (a.collective == "idle" && !a.iterationsGiven) a.iterations = 10;  // seconds
   if (a.collective == "write" && a.minBytes < 1) a.minBytes = 1;
   if (a.maxBytes < a.minBytes) {
-    return usage(fmt::format("-b {} is larger than -e {}", a.minBytes, a.maxBytes));
+    return fmt::format("-b {} is larger than -e {}", a.minBytes, a.maxBytes);
+  }
+  return std::nullopt;
+}
+
+// The command line; nullopt: exit with `status`.
+std::optional<Args> parse(int argc, char** argv, int& status) {
+  Args a;
+  CLI::App app(
+      "nccl-tests-style timing of one collective over a size sweep. Start it with a launcher: "
+      "rdmacc-run -n 4 -- rdmacc-perf -c allreduce -b 8 -e 16M. Sizes and definitions follow "
+      "nccl-tests: size is the bytes of the per-rank buffer for allreduce/broadcast/reduce, of "
+      "the gathered buffer for allgather/gather, of the input for reduce_scatter/scatter, of "
+      "each rank's buffer for alltoall; algbw = size / time; busbw = algbw x 2(n-1)/n "
+      "(allreduce), (n-1)/n (allgather, reduce_scatter, alltoall, gather, scatter), 1 "
+      "(broadcast, reduce, sendrecv); time: mean per iteration, averaged over ranks. Exit "
+      "status 1 when --check found wrong elements or the run failed, 2 for a wrong command "
+      "line.",
+      "rdmacc-perf");
+  cli::addVersion(app);
+  RawOptions raw;
+  addRunOptions(app, a, raw);
+  addOutputOptions(app, a);
+  addWriteOptions(app, a, raw);
+  if (auto exit = cli::parse(app, argc, argv)) {
+    status = *exit;
+    return std::nullopt;
+  }
+  if (auto wrong = finishArgs(a, raw, app, argc, argv)) {
+    fmt::print(stderr, "rdmacc-perf: {}\nRun with --help for more information.\n", *wrong);
+    status = cli::kUsage;
+    return std::nullopt;
   }
   return a;
 }
@@ -317,72 +348,90 @@ double processStatus(const char* field) {
   return 0;
 }
 
-int runCollective(const Args& args) {
-  const auto formStart = std::chrono::steady_clock::now();
-  auto backend = initFromEnvironment();
-  // How long forming the group took and what a rank holds after it: the
-  // slowest and largest rank's (a MAX over the ranks).
+// How long forming the group took (since `start`) and what a rank holds
+// after it: the slowest and largest rank's (a MAX over the ranks), and the
+// fastest rank's time: the last to arrive, which waited for nobody (the
+// slowest includes the launcher's start-up spread).
+Formation measureFormation(VerbsBackend& backend, Clock::time_point start) {
   std::array<double, 3> formed{
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - formStart)
-          .count(),
+      std::chrono::duration<double, std::milli>(Clock::now() - start).count(),
       processStatus("VmRSS:"), processStatus("Threads:")};
-  // ... and the fastest rank's time: the last to arrive, which waited for
-  // nobody (the slowest includes the launcher's start-up spread).
   double fastest = formed[0];
-  {
-    std::vector<Tensor> t{Tensor{formed.data(), formed.size(), DataType::Float64}};
-    backend->allreduce(t, AllreduceOptions{.reduceOp = ReduceOp::Max})->wait();
-    std::vector<Tensor> f{Tensor{&fastest, 1, DataType::Float64}};
-    backend->allreduce(f, AllreduceOptions{.reduceOp = ReduceOp::Min})->wait();
-  }
-  CollectiveBench bench(args, backend);
-  Case c = bench.describe();
-  bool lead = backend->getRank() == 0;
-  if (lead) {
-    // What nccl-tests users read first: the build, the host, the transport
-    // and the device.
-    const auto ports = backend->rdmaPorts();
-    fmt::print("# rdmacc {} on {}, RDMACC_TRANSPORT={}, {}\n", rdmacc::version(), hostName(),
-               Config::load().getString("RDMACC_TRANSPORT"),
-               ports.empty() ? std::string("no RDMA port (shared memory)")
-                             : fmt::format("RDMA port {}", fmt::join(ports, ", ")));
-    fmt::print(
-        "# group of {} ranks formed in {:.0f} ms (slowest rank; {:.0f} ms the fastest), {:.1f} MiB "
-        "resident, {:.0f} threads (largest rank)\n",
-        backend->getSize(), formed[0], fastest, formed[1] / 1024, formed[2]);
-  }
-  bool reduces = args.collective == "allreduce" || args.collective == "reduce" ||
-                 args.collective == "reduce_scatter";
-  bool rooted = args.collective == "broadcast" || args.collective == "reduce" ||
-                args.collective == "gather" || args.collective == "scatter";
-  if (lead) {
-    fmt::print(
-        "# rdmacc-perf -c {}: {} ranks, dtype {}, op {}, root {}, algorithm {}, {} iterations, {} "
-        "warm-up{}\n",
-        args.collective, backend->getSize(), toString(args.dtype), toString(args.op), args.root,
-        toString(args.algorithm), args.iterations, args.warmup,
-        args.registerBuffers ? ", registered buffers (zero-copy)" : "");
-    fmt::print("# {:>60} {:>31}\n", "out-of-place", "in-place");
-    fmt::print(
-        "# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n",
-        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-        "algbw", "busbw", "#wrong");
-    fmt::print(
-        "# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n",
-        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
-        "");
-  }
+  std::vector<Tensor> t{Tensor{formed.data(), formed.size(), DataType::Float64}};
+  backend.allreduce(t, AllreduceOptions{.reduceOp = ReduceOp::Max})->wait();
+  std::vector<Tensor> f{Tensor{&fastest, 1, DataType::Float64}};
+  backend.allreduce(f, AllreduceOptions{.reduceOp = ReduceOp::Min})->wait();
+  return Formation{.milliseconds = formed[0],
+                   .residentMiB = formed[1] / 1024,
+                   .threads = formed[2],
+                   .rdmaPorts = backend.rdmaPorts(),
+                   .fastestMilliseconds = fastest};
+}
+
+// What a rank holds after the operations (connections on first use grow
+// with what they needed): the largest rank's.
+void measureAfter(VerbsBackend& backend, Formation& formation) {
+  std::array<double, 3> after{static_cast<double>(backend.queuePairs()), processStatus("VmPin:"),
+                              processStatus("VmRSS:")};
+  std::vector<Tensor> t{Tensor{after.data(), after.size(), DataType::Float64}};
+  backend.allreduce(t, AllreduceOptions{.reduceOp = ReduceOp::Max})->wait();
+  formation.queuePairsAfter = after[0];
+  formation.pinnedMiBAfter = after[1] / 1024;
+  formation.residentMiBAfter = after[2] / 1024;
+}
+
+// What nccl-tests users read first (the build, the host, the transport and
+// the device, the group's formation), then the column heads.
+void printHeader(const Args& args, const VerbsBackend& backend, const Formation& formed) {
+  const auto& ports = formed.rdmaPorts;
+  fmt::print("# rdmacc {} on {}, RDMACC_TRANSPORT={}, {}\n", rdmacc::version(), hostName(),
+             Config::load().getString("RDMACC_TRANSPORT"),
+             ports.empty() ? std::string("no RDMA port (shared memory)")
+                           : fmt::format("RDMA port {}", fmt::join(ports, ", ")));
+  fmt::print(
+      "# group of {} ranks formed in {:.0f} ms (slowest rank; {:.0f} ms the fastest), {:.1f} MiB "
+      "resident, {:.0f} threads (largest rank)\n",
+      backend.getSize(), formed.milliseconds, formed.fastestMilliseconds, formed.residentMiB,
+      formed.threads);
+  fmt::print(
+      "# rdmacc-perf -c {}: {} ranks, dtype {}, op {}, root {}, algorithm {}, {} iterations, {} "
+      "warm-up{}\n",
+      args.collective, backend.getSize(), toString(args.dtype), toString(args.op), args.root,
+      toString(args.algorithm), args.iterations, args.warmup,
+      args.registerBuffers ? ", registered buffers (zero-copy)" : "");
+  fmt::print("# {:>60} {:>31}\n", "out-of-place", "in-place");
+  fmt::print("# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n",
+             "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+             "algbw", "busbw", "#wrong");
+  fmt::print("# {:>10} {:>12} {:>9} {:>6} {:>5} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}\n",
+             "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+             "(GB/s)", "");
+}
+
+struct Sweep {
   std::vector<Row> rows;
   double busSum = 0;
   int busCount = 0;
   long wrongTotal = 0;
+  double averageBusbw() const { return busCount ? busSum / busCount : 0.0; }
+};
+
+// Every size out of place and in place (where the collective has each), a
+// row per size printed by the lead rank as it goes.
+Sweep runSweep(const Args& args, CollectiveBench& bench, bool lead) {
+  const Case c = bench.describe();
+  const bool reduces = args.collective == "allreduce" || args.collective == "reduce" ||
+                       args.collective == "reduce_scatter";
+  const bool rooted = args.collective == "broadcast" || args.collective == "reduce" ||
+                      args.collective == "gather" || args.collective == "scatter";
+  Sweep sweep;
   std::vector<size_t> list = args.collective == "barrier" ? std::vector<size_t>{0} : sizes(args);
   size_t step = 0;
+  // The progress line only on a terminal: under a launcher or in a log it
+  // would arrive at the end as one \r-joined line.
   const bool progressLine = lead && ::isatty(STDERR_FILENO) != 0;
   for (size_t s : list) {
     ++step;
-    // The progress line only on a terminal: under a launcher or in a log
-    // it would arrive at the end as one \r-joined line.
     if (progressLine) fmt::print(stderr, "\rrdmacc-perf: size {} ({}/{})   ", s, step, list.size());
     std::optional<Row> out, in;
     if (c.hasOutOfPlace) out = bench.measure(s, false);
@@ -390,10 +439,10 @@ int runCollective(const Args& args) {
     const Row& any = out ? *out : *in;
     for (const Row* r : {out ? &*out : nullptr, in ? &*in : nullptr}) {
       if (r == nullptr) continue;
-      rows.push_back(*r);
-      busSum += r->busbw;
-      ++busCount;
-      wrongTotal += r->wrong;
+      sweep.rows.push_back(*r);
+      sweep.busSum += r->busbw;
+      ++sweep.busCount;
+      sweep.wrongTotal += r->wrong;
     }
     if (lead) {
       fmt::print("  {:>10} {:>12} {:>9} {:>6} {:>5}{}{}\n", any.bytes, any.count,
@@ -403,34 +452,37 @@ int runCollective(const Args& args) {
       std::fflush(stdout);
     }
   }
-  // What a rank holds after the operations (connections on first use grow
-  // with what they needed): the largest rank's.
-  std::array<double, 3> after{static_cast<double>(backend->queuePairs()), processStatus("VmPin:"),
-                              processStatus("VmRSS:")};
-  {
-    std::vector<Tensor> t{Tensor{after.data(), after.size(), DataType::Float64}};
-    backend->allreduce(t, AllreduceOptions{.reduceOp = ReduceOp::Max})->wait();
+  if (progressLine) fmt::print(stderr, "\r{:60}\r", "");
+  return sweep;
+}
+
+// The lead rank's summary lines and the files asked for.
+void report(const Args& args, int ranks, const Formation& formation, const Sweep& sweep) {
+  fmt::print("# Out of bounds values : {} {}\n", sweep.wrongTotal,
+             args.check ? (sweep.wrongTotal == 0 ? "OK" : "FAILED") : "(not checked; add --check)");
+  fmt::print("# Avg bus bandwidth    : {:.4f} GB/s\n", sweep.averageBusbw());
+  if (!args.csv.empty() || !args.plot.empty()) {
+    // Without --csv the plot reads this run from a scratch file.
+    std::string csv = args.csv.empty() ? args.plot + ".csv" : args.csv;
+    appendCsv(csv, args, ranks, sweep.rows);
+    if (!args.plot.empty()) plotCsv(csv, args.plot, args.refBusbw, args.refTime);
+    if (args.csv.empty()) std::remove(csv.c_str());
   }
-  if (lead) {
-    if (progressLine) fmt::print(stderr, "\r{:60}\r", "");
-    fmt::print("# Out of bounds values : {} {}\n", wrongTotal,
-               args.check ? (wrongTotal == 0 ? "OK" : "FAILED") : "(not checked; add --check)");
-    fmt::print("# Avg bus bandwidth    : {:.4f} GB/s\n", busCount ? busSum / busCount : 0.0);
-    if (!args.csv.empty() || !args.plot.empty()) {
-      // Without --csv the plot reads this run from a scratch file.
-      std::string csv = args.csv.empty() ? args.plot + ".csv" : args.csv;
-      appendCsv(csv, args, backend->getSize(), rows);
-      if (!args.plot.empty()) plotCsv(csv, args.plot, args.refBusbw, args.refTime);
-      if (args.csv.empty()) std::remove(csv.c_str());
-    }
-    if (!args.json.empty())
-      writeJson(args, backend->getSize(),
-                Formation{formed[0], formed[1] / 1024, formed[2], backend->rdmaPorts(), after[0],
-                          after[1] / 1024, after[2] / 1024, fastest},
-                rows, busCount ? busSum / busCount : 0.0);
-  }
+  if (!args.json.empty()) writeJson(args, ranks, formation, sweep.rows, sweep.averageBusbw());
+}
+
+int runCollective(const Args& args) {
+  const auto formStart = Clock::now();
+  auto backend = initFromEnvironment();
+  Formation formation = measureFormation(*backend, formStart);
+  CollectiveBench bench(args, backend);
+  const bool lead = backend->getRank() == 0;
+  if (lead) printHeader(args, *backend, formation);
+  const Sweep sweep = runSweep(args, bench, lead);
+  measureAfter(*backend, formation);
+  if (lead) report(args, backend->getSize(), formation, sweep);
   backend->barrier()->wait();
-  return wrongTotal == 0 ? 0 : 1;
+  return sweep.wrongTotal == 0 ? 0 : 1;
 }
 
 }  // namespace
