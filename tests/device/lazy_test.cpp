@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -180,6 +181,45 @@ TEST(Lazy, APeerGoneBeforeFirstContactIsNamed) {
   const auto took = Clock::now() - start;
   EXPECT_NE(error.find(fmt::format("rank {}", victim)), std::string::npos) << error;
   EXPECT_LT(took, 15s) << error;
+}
+
+// Ranks that die while their first connection is being made: each victim
+// starts connecting to rank 0 (a send) and exits after a delay of its own
+// (none, a few milliseconds, tens: before its request leaves, mid-handshake,
+// around its end), while rank 0 waits for a message they never send. Rank 0
+// learns of every death within the operation's timeout, naming the rank;
+// no half-made connection leaves it waiting.
+TEST(Lazy, PeersGoneDuringTheirConnectionAreNamed) {
+  auto g = lazyGroup("lazy-dying");
+  const int rank = g->getRank(), size = g->getSize();
+  ASSERT_GE(size, 2);
+  std::vector<float> data(256, 1.0f);
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
+  if (rank != 0) {
+    static constexpr std::array<std::chrono::milliseconds, 4> kDelays{0ms, 3ms, 15ms, 40ms};
+    auto w = g->send(t, 0, /*tag=*/1);
+    std::this_thread::sleep_for(kDelays[static_cast<size_t>(rank - 1) % kDelays.size()]);
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  const auto start = Clock::now();
+  std::vector<std::shared_ptr<Work>> waits;
+  std::vector<std::vector<float>> in(static_cast<size_t>(size), std::vector<float>(256));
+  for (int victim = 1; victim < size; ++victim) {
+    std::vector<Tensor> ti{Tensor{in[static_cast<size_t>(victim)].data(), 256, DataType::Float32}};
+    waits.push_back(g->recv(ti, victim, /*tag=*/2));  // never sent
+  }
+  for (int victim = 1; victim < size; ++victim) {
+    std::string error;
+    try {
+      waits[static_cast<size_t>(victim - 1)]->wait(30s);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find(fmt::format("rank {}", victim)), std::string::npos)
+        << "victim " << victim << ": " << error;
+  }
+  EXPECT_LT(Clock::now() - start, 25s);
 }
 
 }  // namespace
