@@ -1,7 +1,9 @@
 // The collective calls of VerbsBackend: each checks its arguments on the
 // caller's thread and becomes an Operation (schedule, buffers, check value)
 // for the engine.
+#include "src/backend/tensor_lists.hpp"
 #include "src/backend/verbs_backend_impl.hpp"
+#include "src/core/buffer.hpp"
 
 namespace rdmacc {
 
@@ -87,20 +89,10 @@ std::shared_ptr<Work> VerbsBackend::allreduce_coalesced(std::vector<Tensor>& ten
       s.buildAllreduce(*op, flat, total, dtype, opts.reduceOp, opts.preMulFactor, opts.algorithm);
   auto scale = std::move(op->prologue);  // PreMulSum's scaling, after the copy in
   op->prologue = [flat, views, scale] {
-    size_t at = 0;
-    for (const auto& t : views) {
-      if (t.bytes() > 0) std::memcpy(flat + at, t.data, t.bytes());
-      at += t.bytes();
-    }
+    packTensors(flat, views);
     if (scale) scale();
   };
-  op->epilogue = [flat, views] {
-    size_t at = 0;
-    for (const auto& t : views) {
-      if (t.bytes() > 0) std::memcpy(t.data, flat + at, t.bytes());
-      at += t.bytes();
-    }
-  };
+  op->epilogue = [flat, views] { unpackTensors(flat, views); };
   op->describe("{} tensors, {} x {}, {}, {}", tensors.size(), total, toString(dtype),
                toString(opts.reduceOp), toString(algo));
   return s.submit(std::move(op));
@@ -136,7 +128,7 @@ std::shared_ptr<Work> VerbsBackend::reduce(std::vector<Tensor>& tensors,
   ReduceOp reduceOp = opts.reduceOp;
   double factor = opts.preMulFactor;
   op->prologue = [acc, input, count, bytes, dtype, reduceOp, factor] {
-    if (acc != input && bytes > 0) std::memcpy(acc, input, bytes);
+    if (acc != input) copyBytes(acc, input, bytes);
     if (reduceOp == ReduceOp::PreMulSum) scaleBy(acc, count, dtype, factor);
   };
   if (reduceOp == ReduceOp::Avg && rank_ == root) {
@@ -222,7 +214,7 @@ std::shared_ptr<Work> VerbsBackend::gather(std::vector<std::vector<Tensor>>& out
     op->epilogue = [flat, outs, bytes, me, input] {
       for (size_t r = 0; r < outs.size(); ++r) {
         const void* from = static_cast<int>(r) == me ? input.data : flat + r * bytes;
-        if (bytes > 0) std::memcpy(outs[r].data, from, bytes);
+        copyBytes(outs[r].data, from, bytes);
       }
     };
   }
@@ -259,9 +251,9 @@ std::shared_ptr<Work> VerbsBackend::scatter(std::vector<Tensor>& outputs,
     int me = rank_;
     op->prologue = [flat, ins, bytes, output, me] {
       for (size_t r = 0; r < ins.size(); ++r) {
-        if (bytes > 0) std::memcpy(flat + r * bytes, ins[r].data, bytes);
+        copyBytes(flat + r * bytes, ins[r].data, bytes);
       }
-      if (bytes > 0) std::memcpy(output.data, flat + static_cast<size_t>(me) * bytes, bytes);
+      copyBytes(output.data, flat + static_cast<size_t>(me) * bytes, bytes);
     };
   }
   op->checkValue = checkValue(bytes, static_cast<uint64_t>(root), static_cast<uint64_t>(out.dtype));
@@ -302,7 +294,7 @@ std::shared_ptr<Work> VerbsBackend::_reduce_scatter_base(Tensor& output, Tensor&
                                       readInput ? bytesOf(input) : nullptr);
   if (flat != nullptr) {
     op->prologue = [flat, in, reduceOp, factor] {
-      if (in.bytes() > 0) std::memcpy(flat, in.data, in.bytes());
+      copyBytes(flat, in.data, in.bytes());
       if (reduceOp == ReduceOp::PreMulSum) scaleBy(flat, in.numel, in.dtype, factor);
     };
   }
@@ -334,7 +326,7 @@ std::shared_ptr<Work> VerbsBackend::reduce_scatter(std::vector<Tensor>& outputs,
   size_t count = out.numel * static_cast<size_t>(size_);
   op->prologue = [flat, ins, bytes, reduceOp, factor, count, output] {
     for (size_t r = 0; r < ins.size(); ++r) {
-      if (bytes > 0) std::memcpy(flat + r * bytes, ins[r].data, bytes);
+      copyBytes(flat + r * bytes, ins[r].data, bytes);
     }
     if (reduceOp == ReduceOp::PreMulSum) scaleBy(flat, count, output.dtype, factor);
   };
@@ -430,7 +422,7 @@ std::shared_ptr<Work> VerbsBackend::alltoall(std::vector<Tensor>& outputs,
   int me = rank_;
   op->prologue = [in, out, ins, sendBlocks, recvBlocks, me] {
     for (size_t i = 0; i < ins.size(); ++i) {
-      if (ins[i].bytes() > 0) std::memcpy(in + sendBlocks[i].offset, ins[i].data, ins[i].bytes());
+      copyBytes(in + sendBlocks[i].offset, ins[i].data, ins[i].bytes());
     }
     const Range& self = sendBlocks[static_cast<size_t>(me)];
     if (self.bytes > 0)

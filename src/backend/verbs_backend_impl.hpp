@@ -18,6 +18,8 @@
 #include "rdmacc/log.hpp"
 #include "src/backend/algorithm_choice.hpp"
 #include "src/backend/arguments.hpp"
+#include "src/backend/tensor_lists.hpp"
+#include "src/core/buffer.hpp"
 #include "src/engine/engine.hpp"
 #include "src/engine/event_trace.hpp"
 #include "src/reduce/reduce.hpp"
@@ -221,9 +223,7 @@ struct VerbsBackend::Impl {
       op.outOrigin = mine.offset;
       const size_t count = mine.bytes / elementSize(out.dtype);
       if (size == 1) {  // no steps: its own block is the result
-        op.epilogue = [flat, out, mine] {
-          if (mine.bytes > 0) std::memcpy(out.data, flat + mine.offset, mine.bytes);
-        };
+        op.epilogue = [flat, out, mine] { copyBytes(out.data, flat + mine.offset, mine.bytes); };
       } else if (avg) {
         op.epilogue = [out, count, n = size] { divideBy(out.data, count, out.dtype, n); };
       }
@@ -389,20 +389,11 @@ struct VerbsBackend::Impl {
     std::vector<std::vector<Tensor>> outs = outputLists;
     int me = rank;
     op->prologue = [flat, ins, perRank, me] {
-      size_t at = perRank * static_cast<size_t>(me);
-      for (const auto& t : ins) {
-        if (t.bytes() > 0) std::memcpy(flat + at, t.data, t.bytes());
-        at += t.bytes();
-      }
+      packTensors(flat + perRank * static_cast<size_t>(me), ins);
     };
     op->epilogue = [flat, outs] {
       size_t at = 0;
-      for (const auto& list : outs) {
-        for (const auto& t : list) {
-          if (t.bytes() > 0) std::memcpy(t.data, flat + at, t.bytes());
-          at += t.bytes();
-        }
-      }
+      for (const auto& list : outs) at += unpackTensors(flat + at, list);
     };
     op->checkValue = checkValue(perRank, inputs.size());
     op->describe("{} tensor(s), {} bytes per rank", inputs.size(), perRank);

@@ -38,14 +38,14 @@ StuckSearch::StuckSearch(int rank, int size, std::vector<int> awaited, Clock::ti
     : rank_(rank),
       awaited_(std::move(awaited)),
       deadline_(deadline),
-      reported_(static_cast<size_t>(size), false),
-      reports_(static_cast<size_t>(size)) {}
+      reported_(size, false),
+      reports_(size) {}
 
 void StuckSearch::report(int peer, std::optional<std::vector<int>> waitsFor) {
-  if (peer < 0 || static_cast<size_t>(peer) >= reported_.size() || peer == rank_) return;
-  if (reported_[static_cast<size_t>(peer)]) return;
-  reported_[static_cast<size_t>(peer)] = true;
-  reports_[static_cast<size_t>(peer)] = std::move(waitsFor);
+  if (peer < 0 || peer >= reported_.size() || peer == rank_) return;
+  if (reported_[peer]) return;
+  reported_[peer] = true;
+  reports_[peer] = std::move(waitsFor);
 }
 
 std::optional<std::vector<int>> StuckSearch::conclusion(Clock::time_point now) const {
@@ -61,12 +61,12 @@ std::optional<std::vector<int>> StuckSearch::conclusion(Clock::time_point now) c
       continue;  // seen: a cycle
     }
     visited[static_cast<size_t>(r)] = true;
-    if (!reported_[static_cast<size_t>(r)]) {
+    if (!reported_[r]) {
       if (!final) return std::nullopt;  // it may still answer
       ends.insert(r);
       continue;
     }
-    const auto& next = reports_[static_cast<size_t>(r)];
+    const auto& next = reports_[r];
     if (!next || next->empty()) {  // corrupt, or waits for nobody: it is the end
       ends.insert(r);
       continue;

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "src/core/by_rank.hpp"
+
 namespace rdmacc {
 
 // "2,5" <-> {2, 5}. parseRanks: nullopt unless every entry is a rank of a
@@ -49,8 +51,8 @@ class StuckSearch {
   int rank_;
   std::vector<int> awaited_;
   Clock::time_point deadline_;
-  std::vector<bool> reported_;
-  std::vector<std::optional<std::vector<int>>> reports_;  // nullopt: corrupt
+  ByRank<bool> reported_;
+  ByRank<std::optional<std::vector<int>>> reports_;  // nullopt: corrupt
 };
 
 }  // namespace rdmacc

@@ -1,4 +1,5 @@
 #include "src/engine/executor.hpp"
+#include "src/core/buffer.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -280,7 +281,7 @@ bool Executor::receive(Active& a, const Expectation& expected, size_t j) {
       const uint8_t* src = matching_.payload(recv.peer, *in);
       const size_t count = payload / elementSize(op.dtype);
       if (recv.combine == Combine::Copy) {
-        if (payload > 0) std::memcpy(dst, src, payload);
+        copyBytes(dst, src, payload);
       } else if (recv.combine == Combine::ReduceWithSend) {
         // This rank's contribution combined with the incoming one in one
         // pass (no copy of it into place first).
@@ -343,7 +344,7 @@ bool Executor::advanceRecv(Active& a) {
       throw protocolViolation(from, transport_.peerAddress(from), *bad);
     }
     size_t payload = h.payload;
-    if (payload > 0) std::memcpy(op.buffer + a.done, matching_.payload(from, *match->it), payload);
+    copyBytes(op.buffer + a.done, matching_.payload(from, *match->it), payload);
     matching_.consume(from, match->it);
     a.source = from;
     a.done += payload;
@@ -371,11 +372,11 @@ bool Executor::advancePointToPoint(std::vector<std::unique_ptr<Active>>& ops, Ac
       if (op.peer >= 0) a.source = op.peer;
     }
     if (op.isSend) {
-      if (streaming_[static_cast<size_t>(op.peer)]) {
+      if (streaming_[op.peer]) {
         ++it;
         continue;
       }
-      streaming_[static_cast<size_t>(op.peer)] = true;
+      streaming_[op.peer] = true;
       progress |= advanceSend(a);
     } else {
       progress |= advanceRecv(a);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "src/core/by_rank.hpp"
 #include "src/engine/active.hpp"
 #include "src/engine/engine.hpp"
 #include "src/engine/matching.hpp"
@@ -56,7 +57,7 @@ class Executor {
   const std::vector<bool>& gone_;
   size_t chunk_;
   bool anyMemoryPeers_ = false;  // some peer writes direct receives without a registration
-  std::vector<char> streaming_;  // advancePointToPoint: peers with a send in progress
+  ByRank<char> streaming_;       // advancePointToPoint: peers with a send in progress
 };
 
 }  // namespace rdmacc

@@ -20,16 +20,14 @@ constexpr size_t kMaxAdvertsPerPeer = 4096;
 }  // namespace
 
 Matching::Matching(Transport& transport, int size)
-    : transport_(transport),
-      inbox_(static_cast<size_t>(size)),
-      adverts_(static_cast<size_t>(size)) {
+    : transport_(transport), inbox_(size), adverts_(size) {
   // Bounded by the slots: reserved once, never allocated per message.
   for (auto& box : inbox_) box.reserve(static_cast<size_t>(transport.slotsPerPeer()));
 }
 
 void Matching::arrived(int peer, const Incoming& in) {
   if (in.header.kind != MessageKind::Advert) {
-    inbox_[static_cast<size_t>(peer)].push_back(in);
+    inbox_[peer].push_back(in);
     return;
   }
   const Header& h = in.header;
@@ -37,7 +35,7 @@ void Matching::arrived(int peer, const Incoming& in) {
   // One for an operation this rank finished (it sent everything through the
   // slots first) is of no use any more.
   if (lastFinished_ && static_cast<int32_t>(h.sequence - *lastFinished_) <= 0) return;
-  auto& adverts = adverts_[static_cast<size_t>(peer)];
+  auto& adverts = adverts_[peer];
   if (adverts.size() >= kMaxAdvertsPerPeer) {
     throw protocolViolation(peer, transport_.peerAddress(peer),
                             wire::Violation{fmt::format("more than {} adverts not yet used ({})",
@@ -55,7 +53,7 @@ void Matching::arrived(int peer, const Incoming& in) {
 std::optional<Matching::It> Matching::findCollective(const Expectation& e, int peer, uint32_t index,
                                                      size_t payload) {
   const auto sequence = static_cast<uint32_t>(e.sequence);
-  auto& box = inbox_[static_cast<size_t>(peer)];
+  auto& box = inbox_[peer];
   for (auto it = box.begin(); it != box.end(); ++it) {
     const Header& h = it->header;
     if (h.kind != MessageKind::Collective) continue;
@@ -79,7 +77,7 @@ std::optional<Matching::It> Matching::findCollective(const Expectation& e, int p
 
 size_t Matching::waiting(int peer, MessageKind kind, uint32_t sequence, uint32_t step) const {
   size_t n = 0;
-  for (const Incoming& in : inbox_[static_cast<size_t>(peer)]) {
+  for (const Incoming& in : inbox_[peer]) {
     const Header& h = in.header;
     n += h.kind == kind && h.sequence == sequence &&
          (kind == MessageKind::PointToPoint || h.step == step);
@@ -91,7 +89,7 @@ std::optional<Matching::Found> Matching::findPointToPoint(int source, uint32_t t
                                                           uint32_t index) {
   std::optional<Found> match;
   auto look = [&](int peer) {
-    auto& box = inbox_[static_cast<size_t>(peer)];
+    auto& box = inbox_[peer];
     for (auto it = box.begin(); it != box.end(); ++it) {
       if (it->header.kind == MessageKind::PointToPoint && it->header.sequence == tag &&
           it->header.step == index) {
@@ -110,7 +108,7 @@ std::optional<Matching::Found> Matching::findPointToPoint(int source, uint32_t t
 
 void Matching::consume(int peer, It in) {
   int slot = in->slot;
-  inbox_[static_cast<size_t>(peer)].erase(in);
+  inbox_[peer].erase(in);
   transport_.release(peer, slot);
 }
 
@@ -129,7 +127,7 @@ void Matching::mismatch(const Expectation& e, int peer, const Header& got,
 
 std::optional<DirectTarget> Matching::directTarget(const Expectation& e, int peer, size_t offset,
                                                    size_t payload) const {
-  for (const Advert& ad : adverts_[static_cast<size_t>(peer)]) {
+  for (const Advert& ad : adverts_[peer]) {
     if (ad.sequence != static_cast<uint32_t>(e.sequence) || ad.step != e.step) continue;
     // One that disagrees with this operation: the slots path reports the mismatch.
     if (ad.opType != static_cast<uint8_t>(e.type) || ad.check != e.check ||
@@ -151,7 +149,7 @@ void Matching::finished(uint32_t sequence) {
 }
 
 std::string Matching::describePeer(int peer) const {
-  const Inbox& inbox = inbox_[static_cast<size_t>(peer)];
+  const Inbox& inbox = inbox_[peer];
   std::string what;
   for (size_t i = 0; i < inbox.size() && i < 4; ++i) {
     what += (i == 0 ? "" : "; ") + wire::describe(inbox[i].header);
@@ -159,7 +157,7 @@ std::string Matching::describePeer(int peer) const {
   if (inbox.size() > 4) what += "; ...";
   return fmt::format("{} message(s) waiting{}{}{}, {} advert(s)", inbox.size(),
                      what.empty() ? "" : " (", what, what.empty() ? "" : ")",
-                     adverts_[static_cast<size_t>(peer)].size());
+                     adverts_[peer].size());
 }
 
 }  // namespace rdmacc

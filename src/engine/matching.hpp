@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rdmacc/work.hpp"
+#include "src/core/by_rank.hpp"
 #include "src/transport/transport.hpp"
 
 namespace rdmacc {
@@ -89,9 +90,9 @@ class Matching {
                              size_t expectedPayload) const;
 
   Transport& transport_;
-  std::vector<Inbox> inbox_;                 // by peer: arrived, not yet consumed
-  std::vector<std::deque<Advert>> adverts_;  // by peer, oldest first
-  std::optional<uint32_t> lastFinished_;     // sequence of the last finished collective
+  ByRank<Inbox> inbox_;                   // by peer: arrived, not yet consumed
+  ByRank<std::deque<Advert>> adverts_;    // by peer, oldest first
+  std::optional<uint32_t> lastFinished_;  // sequence of the last finished collective
 };
 
 }  // namespace rdmacc

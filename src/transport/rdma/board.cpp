@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
+#include "src/core/buffer.hpp"
 #include "src/transport/peer_errors.hpp"
 #include "src/transport/rdma/board_words.hpp"
 #include "src/transport/rdma/transport_impl.hpp"
@@ -36,7 +37,7 @@ void RdmaTransport::setUpBoard(size_t maxBytes) {
   boardWords_.assign(board_words::entryWords(boardMax_), 0);
   boardMine_.assign(boardMax_, 0);
   boardIn_.assign(static_cast<size_t>(size_) * boardMax_, 0);
-  boardHave_.assign(static_cast<size_t>(size_), 0);
+  boardHave_.assign(size_, 0);
 }
 
 // One board operation at a time: the next is posted once every peer's part
@@ -63,7 +64,8 @@ void RdmaTransport::post(uint64_t sequence, uint64_t check, const uint8_t* data,
     // completion wakes a sleeping engine thread, and nothing waits for these.
     const bool signaled =
         lane.sendQueueUsed() + 2 >= static_cast<int>(mesh_.qpParams().sendDepth / 2);
-    verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(rank), 2}),
+    verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(rank),
+                                            static_cast<uint32_t>(ControlTag::Board)}),
                           .local = boardWords_.data(),
                           .length = length,
                           .remoteAddr = p.boardRemote + offset,
@@ -76,7 +78,7 @@ void RdmaTransport::post(uint64_t sequence, uint64_t check, const uint8_t* data,
     }
     posted(lane, -1, signaled);
   }
-  if (bytes > 0) std::memcpy(boardMine_.data(), data, bytes);
+  copyBytes(boardMine_.data(), data, bytes);
   std::fill(boardHave_.begin(), boardHave_.end(), 0);
   boardSequence_ = sequence;
   boardBytes_ = bytes;
@@ -86,7 +88,7 @@ void RdmaTransport::post(uint64_t sequence, uint64_t check, const uint8_t* data,
 const uint8_t* RdmaTransport::peek(int from, uint64_t sequence, uint64_t check, size_t bytes) {
   if (!boardOpen_ || sequence != boardSequence_ || bytes != boardBytes_) return nullptr;
   uint8_t* payload = boardIn_.data() + static_cast<size_t>(from) * boardMax_;
-  if (boardHave_[static_cast<size_t>(from)] != 0) return payload;
+  if (boardHave_[from] != 0) return payload;
   const uint64_t op = boardPosted_ - 1;
   const auto* words = reinterpret_cast<const uint64_t*>(
       boardRegion_.data() +
@@ -108,7 +110,7 @@ const uint8_t* RdmaTransport::peek(int from, uint64_t sequence, uint64_t check, 
     throw boardMismatch(from, peerAddress(from), sequence, r.head.sequence, r.head.bytes,
                         r.head.check, bytes, check);
   }
-  boardHave_[static_cast<size_t>(from)] = 1;
+  boardHave_[from] = 1;
   return payload;
 }
 

@@ -56,7 +56,7 @@ std::pair<std::string, uint16_t> Mesh::parseAddress(int peer, const std::string&
                             text.substr(0, 80), where),
                 "every rank must run the same rdmacc version");
   }
-  peerAddresses_[static_cast<size_t>(peer)] = text;
+  peerAddresses_[peer] = text;
   return {text.substr(0, colon), static_cast<uint16_t>(port)};
 }
 
@@ -104,19 +104,19 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
   } catch (const Error&) {
     openError_ = std::current_exception();
   }
-  if (!options.deferStart) start(store, skip_, {});
+  if (!options.deferStart) start(store, skip_.vector(), {});
 }
 
 void Mesh::setSkip(std::vector<bool> skip) {
-  skip_ = skip.empty() ? std::vector<bool>(static_cast<size_t>(size_), false) : std::move(skip);
-  if (skip_.size() != static_cast<size_t>(size_)) {
+  skip_ = skip.empty() ? ByRank<bool>(size_, false) : ByRank<bool>(std::move(skip));
+  if (skip_.size() != size_) {
     throw Error(
         ErrorKind::Internal,
         fmt::format("MeshOptions::skip has {} entries for a group of {}", skip_.size(), size_));
   }
   connectedPeers_ = 0;
   for (int peer = 0; peer < size_; ++peer) {
-    connectedPeers_ += peer != rank_ && !skip_[static_cast<size_t>(peer)];
+    connectedPeers_ += peer != rank_ && !skip_[peer];
   }
 }
 
@@ -153,7 +153,7 @@ void Mesh::open(const Config& config, const MeshOptions& options) {
       context_.get(),
       static_cast<int>(static_cast<uint32_t>(peers) * (params_.sendDepth + params_.recvDepth)));
   connections_.resize(static_cast<size_t>(size_ * qpsPerPeer_));
-  peerAddresses_.resize(static_cast<size_t>(size_));
+  peerAddresses_.resize(size_);
   if (size_ == 1) return;
 
   log(LogLevel::Debug, "rank {}: device resources ready", rank_);
@@ -293,7 +293,7 @@ std::vector<int> Mesh::takeDisconnectedPeers() {
 }
 
 const std::string& Mesh::peerAddress(int peer) const {
-  return peerAddresses_.at(static_cast<size_t>(peer));
+  return peerAddresses_.at(peer);
 }
 
 }  // namespace rdmacc

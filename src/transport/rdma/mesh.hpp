@@ -18,6 +18,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
 #include "rdmacc/topology.hpp"
+#include "src/core/by_rank.hpp"
 #include "verbs/cm.hpp"
 #include "verbs/qp.hpp"
 
@@ -80,7 +81,7 @@ class Mesh {
   int size() const noexcept { return size_; }
   int qpsPerPeer() const noexcept { return qpsPerPeer_; }
   // Whether this mesh connects to peer (MeshOptions::skip), and to how many.
-  bool connects(int peer) const { return peer != rank_ && !skip_.at(static_cast<size_t>(peer)); }
+  bool connects(int peer) const { return peer != rank_ && !skip_.at(peer); }
   int connectedPeers() const noexcept { return connectedPeers_; }
   // Queue pairs up now (lazy: read by another thread, a count only).
   int queuePairs() const noexcept { return queuePairs_.load(std::memory_order_relaxed); }
@@ -154,11 +155,11 @@ class Mesh {
   std::unique_ptr<verbs::CompletionQueue> cq_;
   std::unique_ptr<verbs::EventChannel> events_;  // before the ids created on it
   verbs::CmIdPtr listenId_;
-  std::vector<bool> skip_;  // MeshOptions::skip, one entry per rank
+  ByRank<bool> skip_;       // MeshOptions::skip, one entry per rank
   int connectedPeers_ = 0;  // ranks that are neither this one nor skipped
   std::atomic<int> queuePairs_{0};
   std::vector<std::unique_ptr<Connection>> connections_;  // [peer * qpsPerPeer + index]
-  std::vector<std::string> peerAddresses_;
+  ByRank<std::string> peerAddresses_;
   std::string secret_;  // keys the hellos' proofs (src/transport/rdma/handshake.hpp)
   std::chrono::milliseconds connectTimeout_{};
   bool lazy_ = false;

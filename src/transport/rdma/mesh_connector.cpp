@@ -173,7 +173,7 @@ void Mesh::Connector::onConnectRequest(rdma_cm_event* event, std::vector<verbs::
                              .qpNum = a.qp->qp_num,
                              .retryCount = params.retryCount,
                              .rnrRetry = params.rnrRetry});
-  mesh.peerAddresses_[static_cast<size_t>(peer)] = from;
+  mesh.peerAddresses_[peer] = from;
   rdma_cm_id* key = a.id.get();
   attempts.emplace(key, std::move(a));
 }
@@ -186,15 +186,14 @@ void Mesh::Connector::onConnectResponse(Attempt& a, rdma_cm_event* event) {
                              *theirs, expect(handshake::Direction::Reply, event, a.peer, a.peer))
                        : std::optional(handshake::RejectReason::Malformed);
   if (reason) {
-    throw Error(
-        ErrorInfo{.kind = ErrorKind::Protocol,
-                  .message = fmt::format("the process at {} answered as something other than rank "
-                                         "{} of this group: {}",
-                                         mesh.peerAddresses_[static_cast<size_t>(a.peer)], a.peer,
-                                         handshake::toString(*reason)),
-                  .peerRank = a.peer,
-                  .hint = "another job may be using the same store; give each job its own "
-                          "MASTER_PORT"});
+    throw Error(ErrorInfo{
+        .kind = ErrorKind::Protocol,
+        .message = fmt::format("the process at {} answered as something other than rank "
+                               "{} of this group: {}",
+                               mesh.peerAddresses_[a.peer], a.peer, handshake::toString(*reason)),
+        .peerRank = a.peer,
+        .hint = "another job may be using the same store; give each job its own "
+                "MASTER_PORT"});
   }
   a.remote = advertOf(*theirs);
   auto params = paramsFor(static_cast<int>(theirs->activeMtu));
@@ -225,10 +224,10 @@ bool Mesh::Connector::onRejected(Attempt& a, rdma_cm_event* event) {
         .kind = ErrorKind::PeerFailure,
         .message = fmt::format("rank {} no longer accepts connections at {} (nothing "
                                "listens there)",
-                               a.peer, mesh.peerAddresses_[static_cast<size_t>(a.peer)]),
+                               a.peer, mesh.peerAddresses_[a.peer]),
         .call = "rdma_connect",
         .peerRank = a.peer,
-        .peerAddress = mesh.peerAddresses_[static_cast<size_t>(a.peer)],
+        .peerAddress = mesh.peerAddresses_[a.peer],
         .hint = "its process exited or crashed, or destroyed its backend; see its output"});
   }
   if (reason) {
@@ -237,7 +236,7 @@ bool Mesh::Connector::onRejected(Attempt& a, rdma_cm_event* event) {
                                                  handshake::toString(*reason)),
                           .call = "rdma_connect",
                           .peerRank = a.peer,
-                          .peerAddress = mesh.peerAddresses_[static_cast<size_t>(a.peer)],
+                          .peerAddress = mesh.peerAddresses_[a.peer],
                           .hint = "every rank of a group must run the same rdmacc version with the "
                                   "same RDMACC_QPS_PER_PEER and store"});
   }
@@ -331,7 +330,7 @@ void Mesh::Connector::onEstablishedEvent(rdma_cm_event* event) {
       throw Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
                             .message = "a peer disconnected while the group was forming",
                             .peerRank = peer,
-                            .peerAddress = mesh.peerAddresses_[static_cast<size_t>(peer)],
+                            .peerAddress = mesh.peerAddresses_[peer],
                             .hint = "the peer process probably failed; see its output"});
     }
   }

@@ -60,7 +60,7 @@ struct Mesh::Connector {
     return connectionView[static_cast<size_t>(peer * mesh.qpsPerPeer_ + q)];
   }
   int needed() const { return mesh.connectedPeers() * mesh.qpsPerPeer_; }
-  bool skipped(int peer) const { return mesh.skip_[static_cast<size_t>(peer)]; }
+  bool skipped(int peer) const { return mesh.skip_[peer]; }
   // Whether attempts or retries are under way (Mesh::connecting()).
   void noteConnecting() { mesh.connecting_ = !attempts.empty() || !retries.empty(); }
 

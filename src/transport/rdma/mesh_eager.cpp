@@ -61,7 +61,7 @@ void Mesh::Connector::lookUpAddresses() {
                   fmt::format("rank {} published the address '{}' with port 0", peer, text));
     }
     addresses[static_cast<size_t>(peer)].emplace(text.substr(0, colon), port);
-    mesh.peerAddresses_[static_cast<size_t>(peer)] = text;
+    mesh.peerAddresses_[peer] = text;
     for (int q = 0; q < mesh.qpsPerPeer_; ++q) startActive(peer, q);
   }
 }

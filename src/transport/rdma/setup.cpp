@@ -55,7 +55,7 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& o
   retryBudget_ = 4.096e-6 * static_cast<double>(uint64_t{1} << qp.ackTimeout) * (qp.retryCount + 1);
   stallLimit_ =
       std::max(std::chrono::duration<double>(2 * retryBudget_), std::chrono::duration<double>(5.0));
-  peers_.resize(static_cast<size_t>(size_));
+  peers_.resize(size_);
   if (mesh.lazy()) {
     // Slots come with connections (the hellos carry them); no board, which
     // would need every peer connected.

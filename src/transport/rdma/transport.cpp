@@ -150,19 +150,27 @@ bool RdmaTransport::flushCredits(int to) {
   Lane& lane = p.lanes[0];
   bool any = false;
   while (p.window.owesCredits() && !sendQueueFull(lane)) {
-    const uint32_t imm = p.window.takeCreditMessage();
-    verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, 0, static_cast<uint16_t>(to), 0}),
-                          .remoteAddr = p.remoteBase,
-                          .rkey = p.rkey,
-                          .imm = imm,
-                          .signaled = mustSignal(p, lane, false)};
-    if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
-      throw verbs::verbsError("ibv_post_send", rc, fmt::format("returning credits to rank {}", to));
-    }
-    posted(lane, -1, w.signaled);
+    postControl(to, 0, ControlTag::Credits, p.window.takeCreditMessage(),
+                mustSignal(p, lane, false), "returning credits to");
     any = true;
   }
   return any;
+}
+
+void RdmaTransport::postControl(int to, size_t laneIndex, ControlTag tag,
+                                std::optional<uint32_t> imm, bool signaled, const char* why) {
+  PeerState& p = peer(to);
+  Lane& lane = p.lanes[laneIndex];
+  verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, static_cast<uint8_t>(laneIndex),
+                                          static_cast<uint16_t>(to), static_cast<uint32_t>(tag)}),
+                        .remoteAddr = p.remoteBase,
+                        .rkey = p.rkey,
+                        .imm = imm,
+                        .signaled = signaled};
+  if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
+    throw verbs::verbsError("ibv_post_send", rc, fmt::format("{} rank {}", why, to));
+  }
+  posted(lane, -1, signaled);
 }
 
 bool RdmaTransport::flushCredits() {
@@ -290,14 +298,7 @@ void RdmaTransport::probe(int to) {
           "interval; posting a probe behind them",
           to, i, lane.sendQueueUsed());
     }
-    verbs::WriteRequest w{
-        .wrId = pack(WrId{WrKind::Control, static_cast<uint8_t>(i), static_cast<uint16_t>(to), 1}),
-        .remoteAddr = p.remoteBase,
-        .rkey = p.rkey};
-    if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
-      throw verbs::verbsError("ibv_post_send", rc, fmt::format("probing rank {}", to));
-    }
-    posted(lane, -1, true);
+    postControl(to, i, ControlTag::Probe, std::nullopt, true, "probing");
   }
 }
 
@@ -345,11 +346,11 @@ void RdmaTransport::drain(const std::vector<bool>& dead) {
       for (size_t i = 0; i < p.lanes.size(); ++i) {
         Lane& lane = p.lanes[i];
         if (lane.unsignaledRun == 0) continue;
-        verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, static_cast<uint8_t>(i),
-                                                static_cast<uint16_t>(rank), 0}),
-                              .remoteAddr = p.remoteBase,
-                              .rkey = p.rkey};
-        if (verbs::postWrite(lane.qp, w) == 0) posted(lane, -1, true);
+        try {
+          postControl(rank, i, ControlTag::Flush, std::nullopt, true, "flushing writes to");
+        } catch (const Error& e) {  // that lane failed: it has nothing left to flush
+          log(LogLevel::Debug, "while draining: {}", e.what());
+        }
       }
     }
     while (outstanding() && std::chrono::steady_clock::now() < deadline) {

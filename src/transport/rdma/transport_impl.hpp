@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "src/core/buffer.hpp"
+#include "src/core/by_rank.hpp"
 #include "src/core/ring.hpp"
 #include "src/transport/options.hpp"
 #include "src/transport/rdma/mesh.hpp"
+#include "src/transport/rdma/wr_id.hpp"
 #include "src/transport/slot_window.hpp"
 #include "src/transport/transport.hpp"
 #include "src/transport/wire.hpp"
@@ -170,8 +172,8 @@ class RdmaTransport final : public Transport, public Board {
   uint8_t* stagingSlot(int peer, int slot) {
     return this->peer(peer).stagingBase + static_cast<size_t>(slot) * slotBytes_;
   }
-  PeerState& peer(int rank) { return peers_[static_cast<size_t>(rank)]; }
-  const PeerState& peer(int rank) const { return peers_[static_cast<size_t>(rank)]; }
+  PeerState& peer(int rank) { return peers_[rank]; }
+  const PeerState& peer(int rank) const { return peers_[rank]; }
 
   void connect(Store& store, const AllGather& allGather, const std::string& group,
                size_t boardBytes);
@@ -193,6 +195,12 @@ class RdmaTransport final : public Transport, public Board {
     return lane.sendQueueUsed() + entries + 1 > static_cast<int>(mesh_.qpParams().sendDepth);
   }
   bool flushCredits(int peer);
+  // A zero-byte write of no message to a peer's first slot: credits (with
+  // their immediate), or a probe or flush behind unsignaled writes (no
+  // immediate, so it consumes no receive). Throws, naming the peer and
+  // `why`, when the post fails.
+  void postControl(int peer, size_t laneIndex, ControlTag tag, std::optional<uint32_t> imm,
+                   bool signaled, const char* why);
   static void writesCompleted(PeerState& p, Lane& lane);
   void onReceive(TransportSink& sink, int peer, size_t lane, const wire::Completion& completion,
                  uint64_t wrId);
@@ -229,7 +237,7 @@ class RdmaTransport final : public Transport, public Board {
   // only: its rkey lets it write those and nothing else of this process.
   std::vector<verbs::MrPtr> recvMrs_;  // by peerIndex; after the mesh's PD
   verbs::MrPtr stagingMr_;
-  std::vector<PeerState> peers_;
+  ByRank<PeerState> peers_;
   size_t creditReserve_ = 0;
   uint64_t arrivals_ = 0;
   bool pollSaturated_ = false;  // the last poll() took as many completions as it could
@@ -248,8 +256,8 @@ class RdmaTransport final : public Transport, public Board {
   bool boardOpen_ = false;  // posted, not yet consumed
   std::vector<uint64_t> boardWords_;
   std::vector<uint8_t> boardMine_;
-  std::vector<uint8_t> boardIn_;    // [rank][boardMax_]: peers' decoded payloads
-  std::vector<uint8_t> boardHave_;  // by rank: decoded for the open operation
+  std::vector<uint8_t> boardIn_;  // [rank][boardMax_]: peers' decoded payloads
+  ByRank<uint8_t> boardHave_;     // by rank: decoded for the open operation
   bool boardWaits_ = false;
   std::chrono::microseconds boardSleep_{0};
 };

@@ -8,6 +8,9 @@ namespace rdmacc {
 
 enum class WrKind : uint8_t { Recv = 1, Write = 2, WriteImm = 3, Control = 4 };
 
+// The tag of a Control write: what it was posted for (logs and traces read it).
+enum class ControlTag : uint32_t { Credits = 0, Probe = 1, Board = 2, Flush = 3 };
+
 struct WrId {
   WrKind kind = WrKind::Write;
   uint8_t qp = 0;     // queue pair index within the peer

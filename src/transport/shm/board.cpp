@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
+#include "src/core/buffer.hpp"
 #include "src/transport/peer_errors.hpp"
 #include "src/transport/shm/transport_impl.hpp"
 
@@ -31,7 +32,7 @@ void ShmTransport::post(uint64_t sequence, uint64_t check, const uint8_t* data, 
   posted_[sequence % kBoardEntries] = sequence;
   entry->check = check;
   entry->bytes = bytes;
-  if (bytes > 0) std::memcpy(reinterpret_cast<uint8_t*>(entry) + kBoardEntryHead, data, bytes);
+  copyBytes(reinterpret_cast<uint8_t*>(entry) + kBoardEntryHead, data, bytes);
   entry->sequence.store(sequence, std::memory_order_release);
   wakeSleepingPeers();
 }
@@ -39,7 +40,7 @@ void ShmTransport::post(uint64_t sequence, uint64_t check, const uint8_t* data, 
 // The owner writes an entry only after this rank consumed its previous
 // occupant, so what this rank reads here stays until it calls consumed().
 const uint8_t* ShmTransport::peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) {
-  Peer& p = peers_[idx(peer)];
+  Peer& p = peers_[peer];
   const auto* entry = reinterpret_cast<const BoardEntry*>(boardEntry(p.board, sequence));
   const uint64_t posted = entry->sequence.load(std::memory_order_acquire);
   if (posted < sequence) return nullptr;  // not yet (it holds an earlier collective's)

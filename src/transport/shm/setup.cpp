@@ -81,12 +81,12 @@ ShmTransport::ShmTransport(Store& store, const TransportOptions& options,
                            const std::vector<bool>& carried)
     : rank_(options.rank),
       size_(options.size),
-      peers_(static_cast<size_t>(options.size)),
+      peers_(options.size),
       singleCopy_(options.shmSingleCopy),
       membarrier_(options.shmMembarrier) {
   for (int rank = 0; rank < size_; ++rank) {
-    peers_[idx(rank)].carried = rank != rank_ && carried[idx(rank)];
-    if (peers_[idx(rank)].carried) ++geometry_.lanes;
+    peers_[rank].carried = rank != rank_ && carried[idx(rank)];
+    if (peers_[rank].carried) ++geometry_.lanes;
   }
   geometry_.slots = static_cast<uint32_t>(options.slotsPerPeer);
   geometry_.ringEntries = ringEntriesFor(options.slotsPerPeer);
@@ -185,15 +185,15 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
   // Our lane in a peer's segment: our index among its carried peers.
   auto laneIn = [&](int owner, int sender) {
     size_t lane = 0;
-    for (int r = 0; r < sender; ++r) lane += r != owner && (peers_[idx(r)].carried || r == rank_);
+    for (int r = 0; r < sender; ++r) lane += r != owner && (peers_[r].carried || r == rank_);
     return lane;
   };
   // Every local peer's record at once (O(N) requests per group); the ranks
   // of this host take part, and only they.
   std::vector<int> local, carried;
   for (int rank = 0; rank < size_; ++rank) {
-    if (peers_[idx(rank)].carried) carried.push_back(rank);
-    if (peers_[idx(rank)].carried || rank == rank_) local.push_back(rank);
+    if (peers_[rank].carried) carried.push_back(rank);
+    if (peers_[rank].carried || rank == rank_) local.push_back(rank);
   }
   const std::string prefix = "rdmacc/shm/" + options.group;
   std::vector<Bytes> records;
@@ -206,7 +206,7 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
   size_t record = 0;
   std::vector<std::string> names(static_cast<size_t>(size_));
   for (int rank = 0; rank < size_; ++rank) {
-    Peer& p = peers_[idx(rank)];
+    Peer& p = peers_[rank];
     if (!p.carried) continue;
     const std::string key = fmt::format("{}/{}", prefix, rank);
     const std::string text = toString(records[record++]);
@@ -230,7 +230,7 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
   // the owner still lives is asked every 100 ms.
   const auto deadline = deadlineAfter(options.connectTimeout);
   for (int rank : carried) {
-    Peer& p = peers_[idx(rank)];
+    Peer& p = peers_[rank];
     auto pause = std::chrono::microseconds(50);
     auto nextExitCheck = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
     while (!tryMapPeerSegment(rank, p, names[idx(rank)])) {
@@ -264,7 +264,7 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
   }
   lightPublish_ = sleepBarrier_;
   for (int rank = 0; rank < size_; ++rank) {
-    const Peer& p = peers_[idx(rank)];
+    const Peer& p = peers_[rank];
     if (p.carried) lightPublish_ = lightPublish_ && p.head->sleepBarrier == 1;
   }
   log(LogLevel::Debug, "shared memory: {}",

@@ -1,4 +1,5 @@
 #include "src/transport/shm/transport.hpp"
+#include "src/core/buffer.hpp"
 
 #include <linux/membarrier.h>
 #include <poll.h>
@@ -81,7 +82,7 @@ bool ShmTransport::writeDirect(int to, Peer& p, const uint8_t* data, const Direc
 bool ShmTransport::trySend(int to, const Header& header, const uint8_t* data,
                            const std::shared_ptr<ZeroCopyWrites>&,
                            std::optional<DirectTarget> direct) {
-  Peer& p = peers_[idx(to)];
+  Peer& p = peers_[to];
   if (!p.window.canSend(creditReserve_) || ringSpace(to, p) == 0) return false;
   const int remote = p.window.nextRemote();
   uint8_t* slot = p.outSlots + static_cast<size_t>(remote) * geometry_.slotBytes;
@@ -91,7 +92,7 @@ bool ShmTransport::trySend(int to, const Header& header, const uint8_t* data,
   h.credits = p.window.takePiggybackCredits();
   if (single) h.flags |= wire::kDirect;
   std::memcpy(slot, &h, sizeof h);
-  if (header.payload > 0 && !single) std::memcpy(slot + kHeaderBytes, data, header.payload);
+  if (!single) copyBytes(slot + kHeaderBytes, data, header.payload);
   p.window.sent();
   publish(p, Record{static_cast<uint32_t>(remote),
                     static_cast<uint32_t>(kHeaderBytes + (single ? 0 : header.payload))});
@@ -102,7 +103,7 @@ bool ShmTransport::trySend(int to, const Header& header, const uint8_t* data,
 }
 
 std::string ShmTransport::describePeer(int to) const {
-  const Peer& p = peers_[idx(to)];
+  const Peer& p = peers_[to];
   return fmt::format("shared memory: {}, ring {} of {} entries used by us, {} of {} by it",
                      p.window.describe(), p.outTail - p.out->head.load(std::memory_order_relaxed),
                      geometry_.ringEntries, p.in->tail.load(std::memory_order_relaxed) - p.inHead,
@@ -110,11 +111,11 @@ std::string ShmTransport::describePeer(int to) const {
 }
 
 void ShmTransport::release(int from, int slot) {
-  if (peers_[idx(from)].window.release(slot)) flushCredits(from);
+  if (peers_[from].window.release(slot)) flushCredits(from);
 }
 
 bool ShmTransport::flushCredits(int to) {
-  Peer& p = peers_[idx(to)];
+  Peer& p = peers_[to];
   bool any = false;
   while (p.window.owesCredits() && ringSpace(to, p) > 0) {
     publish(p, Record{p.window.takeCreditMessage(), 0});
@@ -126,7 +127,7 @@ bool ShmTransport::flushCredits(int to) {
 bool ShmTransport::flushCredits() {
   bool any = false;
   for (int rank = 0; rank < size_; ++rank) {
-    if (peers_[idx(rank)].carried && peers_[idx(rank)].window.peerMayStall()) {
+    if (peers_[rank].carried && peers_[rank].window.peerMayStall()) {
       any |= flushCredits(rank);
     }
   }
@@ -139,7 +140,7 @@ bool ShmTransport::poll(TransportSink& sink) {
                             .slotBytes = geometry_.slotBytes};
   bool any = false;
   for (int from = 0; from < size_; ++from) {
-    Peer& p = peers_[idx(from)];
+    Peer& p = peers_[from];
     if (!p.carried) continue;
     const uint64_t tail = p.in->tail.load(std::memory_order_acquire);
     if (tail < p.inHead || tail - p.inHead > geometry_.ringEntries) {
@@ -180,7 +181,7 @@ bool ShmTransport::poll(TransportSink& sink) {
 std::vector<int> ShmTransport::takeDisconnected() {
   std::vector<int> gone;
   for (int rank = 0; rank < size_; ++rank) {
-    Peer& p = peers_[idx(rank)];
+    Peer& p = peers_[rank];
     if (!p.carried || p.reported) continue;
     const bool exited = processExited(p);
     if (exited || p.head->departed.load() != 0) {

@@ -19,6 +19,7 @@
 
 #include "rdmacc/store.hpp"
 #include "src/core/buffer.hpp"
+#include "src/core/by_rank.hpp"
 #include "src/store/socket.hpp"
 #include "src/transport/options.hpp"
 #include "src/transport/slot_window.hpp"
@@ -156,9 +157,9 @@ class ShmTransport final : public Transport, public Board {
 
   size_t chunkBytes() const noexcept override { return geometry_.slotBytes - kHeaderBytes; }
   int slotsPerPeer() const noexcept override { return static_cast<int>(geometry_.slots); }
-  const std::string& peerAddress(int peer) const override { return peers_[idx(peer)].address; }
+  const std::string& peerAddress(int peer) const override { return peers_[peer].address; }
   DirectWrites directWrites(int peer) const override {
-    return peers_[idx(peer)].singleCopy ? DirectWrites::AnyMemory : DirectWrites::None;
+    return peers_[peer].singleCopy ? DirectWrites::AnyMemory : DirectWrites::None;
   }
   bool trySend(int peer, const Header& header, const uint8_t* data,
                const std::shared_ptr<ZeroCopyWrites>& zeroCopy,
@@ -166,14 +167,13 @@ class ShmTransport final : public Transport, public Board {
   void reserveCredits(size_t slots) override { creditReserve_ = slots; }
   std::string describePeer(int peer) const override;
   const uint8_t* payload(int peer, int slot) const override {
-    return peers_[idx(peer)].inSlots + static_cast<size_t>(slot) * geometry_.slotBytes +
-           kHeaderBytes;
+    return peers_[peer].inSlots + static_cast<size_t>(slot) * geometry_.slotBytes + kHeaderBytes;
   }
   void release(int peer, int slot) override;
   bool poll(TransportSink& sink) override;
   bool flushCredits() override;
   std::vector<int> takeDisconnected() override;
-  Departure departure(int peer) const override { return peers_[idx(peer)].how; }
+  Departure departure(int peer) const override { return peers_[peer].how; }
   void arm() override;
   void disarm() override { consumeEvents(); }
   EventFds eventFds() const override {
@@ -268,7 +268,7 @@ class ShmTransport final : public Transport, public Board {
   BoundPath doorbellPath_;
   net::Fd doorbell_;  // bound (after doorbellPath_: closed first): peers wake us through it
   net::Fd bell_;      // unbound: we wake peers through it
-  std::vector<Peer> peers_;
+  ByRank<Peer> peers_;
   size_t creditReserve_ = 0;
   uint64_t arrivals_ = 0;
   bool singleCopy_;          // RDMACC_SHM_SINGLE_COPY
