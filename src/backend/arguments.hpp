@@ -1,5 +1,5 @@
 // Checks of what a caller passes to a collective, before anything is sized
-// or copied from it: pure, host-tested (tests/host/arguments_test.cpp).
+// or copied from it: pure, host-tested (tests/unit/backend/arguments_test.cpp).
 #pragma once
 
 #include <cstddef>

@@ -3,7 +3,7 @@
 // narrow once. On x86-64 CPUs with AVX2 and F16C a second set of block
 // conversions is chosen at run time (the library itself is built for the
 // baseline ISA: the soft-RoCE VM's CPU has no AVX); both give the same bits
-// for every input, so ranks on different CPUs agree (tests/host/reduce_test.cpp).
+// for every input, so ranks on different CPUs agree (tests/unit/reduce/reduce_test.cpp).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -185,7 +185,7 @@ void scaleHalfWith(HalfKernel kernel, void* data, size_t n, DataType dtype, doub
 // Maratyszcza's FP16 library): straight-line code that the auto-vectoriser
 // turns into SSE2 in the reduction loops. Exactness against the bit-by-bit
 // definition is checked for every half and for rounding of floats by
-// tests/host/reduce_test.cpp.
+// tests/unit/reduce/reduce_test.cpp.
 float halfToFloat(uint16_t h) noexcept {
   const uint32_t w = static_cast<uint32_t>(h) << 16;
   const uint32_t sign = w & 0x80000000u;

@@ -22,6 +22,7 @@
 #include "rdmacc/backend.hpp"
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
+#include "tests/device/group.hpp"
 
 namespace rdmacc {
 namespace {
@@ -30,10 +31,8 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 std::shared_ptr<VerbsBackend> makeBackend(const std::string& group) {
-  VerbsBackend::Options options;
-  options.groupName = group;
-  options.config = {{"RDMACC_SLOT_BYTES", "4096"}, {"RDMACC_SLOTS_PER_PEER", "4"}};
-  return initFromEnvironment(options);
+  return test::groupFromEnvironment(
+      group, {{"RDMACC_SLOT_BYTES", "4096"}, {"RDMACC_SLOTS_PER_PEER", "4"}});
 }
 
 // Waits for w and returns its error text ("" on success) and how long it took.

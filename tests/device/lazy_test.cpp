@@ -23,6 +23,7 @@
 
 #include "rdmacc/backend.hpp"
 #include "rdmacc/error.hpp"
+#include "tests/device/group.hpp"
 
 namespace rdmacc {
 namespace {
@@ -31,10 +32,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 std::shared_ptr<VerbsBackend> lazyGroup(const std::string& name) {
-  VerbsBackend::Options options;
-  options.groupName = name;
-  options.config = {{"RDMACC_CONNECT", "lazy"}};
-  return initFromEnvironment(options);
+  return test::groupFromEnvironment(name, {{"RDMACC_CONNECT", "lazy"}});
 }
 
 // Entries of a /proc/self directory, or lines of a /proc/self file.

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Fails when a file under src/ or verbs/ includes a folder its row of
-src/README.md's table does not name (the layering rule, one direction), or
+"""Fails when a file under src/ or verbs/ includes a folder that its
+folder's README.md does not name on its 'May include:' line (the layering
+rule, one direction), when a folder holding sources has no such README, or
 is longer than MAX_LINES (CONTRIBUTING.md: split a file along what it does
 before it gets there)."""
 import pathlib
@@ -9,14 +10,21 @@ import sys
 
 repo = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
 rows = {}
-for line in (repo / "src/README.md").read_text().splitlines():
-    cells = [c.strip() for c in line.strip().strip("|").split("|")]
-    if len(cells) != 3 or cells[0] in ("folder", "") or set(cells[0]) <= set("-"):
+readmes = [p for p in (repo / "src").rglob("README.md") if p.parent != repo / "src"]
+readmes.append(repo / "verbs/README.md")
+problems = []
+for readme in readmes:
+    name = readme.parent.relative_to(repo).as_posix()
+    name = "verbs" if name == "verbs" else name[len("src/"):]
+    lines = [l for l in readme.read_text().splitlines() if l.startswith("May include:")]
+    if len(lines) != 1:
+        problems.append(f"{readme.relative_to(repo)}: needs one line 'May include: ...'")
         continue
-    name = cells[0].split()[0]
-    rows[name] = {c.strip() for c in cells[2].split(",") if c.strip()}
+    allowed = lines[0][len("May include:"):].strip()
+    rows[name] = set() if allowed.startswith("nothing") else {
+        c.strip() for c in allowed.split(",") if c.strip()}
 if "core" not in rows or "verbs" not in rows:
-    sys.exit("check_layers: src/README.md has no layer table (rows core .. verbs)")
+    sys.exit("check_layers: no 'May include:' line in src/core/README.md or verbs/README.md")
 
 
 def folder(path: str):
@@ -35,7 +43,7 @@ def folder(path: str):
 
 MAX_LINES = 500
 
-bad = []
+bad = list(problems)
 for source in sorted(list((repo / "src").rglob("*.[ch]pp")) + list((repo / "verbs").rglob("*.[ch]pp"))):
     rel = source.relative_to(repo).as_posix()
     mine = folder(rel)
@@ -43,7 +51,7 @@ for source in sorted(list((repo / "src").rglob("*.[ch]pp")) + list((repo / "verb
     if lines > MAX_LINES:
         bad.append(f"{rel}: {lines} lines, more than {MAX_LINES}: split it along what it does")
     if mine not in rows:
-        bad.append(f"{rel}: in no folder of src/README.md's table")
+        bad.append(f"{rel}: its folder has no README.md with a 'May include:' line")
         continue
     for n, line in enumerate(source.read_text().splitlines(), 1):
         m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
@@ -55,7 +63,7 @@ for source in sorted(list((repo / "src").rglob("*.[ch]pp")) + list((repo / "verb
                 bad.append(f"{rel}:{n}: includes {m.group(1)} (outside src/, verbs/ and include/)")
             continue
         if target != mine and target not in rows[mine]:
-            bad.append(f"{rel}:{n}: {mine} includes {m.group(1)} ({target}), which its row does not allow")
+            bad.append(f"{rel}:{n}: {mine} includes {m.group(1)} ({target}), which its README does not allow")
 for b in bad:
     print(b)
 if bad:
