@@ -29,10 +29,10 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
 #include "rdmacc/version.hpp"
-#include "tools/cli.hpp"
-#include "tools/collective_bench.hpp"
-#include "tools/perf_report.hpp"
-#include "tools/write_bench.hpp"
+#include "tools/src/cli.hpp"
+#include "tools/src/collective_bench.hpp"
+#include "tools/src/perf_report.hpp"
+#include "tools/src/write_bench.hpp"
 
 #include <nlohmann/json.hpp>
 

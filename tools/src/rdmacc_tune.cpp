@@ -20,7 +20,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/tuning.hpp"
 #include "rdmacc/version.hpp"
-#include "tools/cli.hpp"
+#include "tools/src/cli.hpp"
 
 using namespace rdmacc;
 using Clock = std::chrono::steady_clock;

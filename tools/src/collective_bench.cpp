@@ -1,5 +1,5 @@
-// rdmacc-perf's collective measurement (tools/collective_bench.hpp).
-#include "tools/collective_bench.hpp"
+// rdmacc-perf's collective measurement (tools/src/collective_bench.hpp).
+#include "tools/src/collective_bench.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "rdmacc/backend.hpp"
-#include "tools/perf_report.hpp"
+#include "tools/src/perf_report.hpp"
 
 namespace rdmacc::perf {
 

@@ -11,7 +11,7 @@
 #include "src/store/store_util.hpp"
 #include "src/transport/rdma/mesh.hpp"
 #include "src/transport/rdma/wr_id.hpp"
-#include "tools/write_bench.hpp"
+#include "tools/src/write_bench.hpp"
 #include "verbs/error.hpp"
 
 namespace rdmacc {

@@ -1,4 +1,4 @@
-#include "tools/perf_report.hpp"
+#include "tools/src/perf_report.hpp"
 
 #include <unistd.h>
 #include <algorithm>

@@ -28,7 +28,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
 #include "rdmacc/version.hpp"
-#include "tools/cli.hpp"
+#include "tools/src/cli.hpp"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include "rdmacc/error.hpp"
 #include "rdmacc/topology.hpp"
 #include "rdmacc/version.hpp"
-#include "tools/cli.hpp"
+#include "tools/src/cli.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -40,7 +40,8 @@ void printMarkdown() {
       "wins over the `RDMACC_*` environment variable, which wins over the default. Unknown "
       "`RDMACC_*`\n"
       "variables are reported as warnings (with the closest known name). Durations take a unit:\n"
-      "`500ms`, `30s`, `5m`, `1h` (a unit is required; 0 alone is 0). Booleans: `1/0`, `true/false`,\n"
+      "`500ms`, `30s`, `5m`, `1h` (a unit is required; 0 alone is 0). Booleans: `1/0`, "
+      "`true/false`,\n"
       "`yes/no`, `on/off`. `rdmacc-info --config` prints the values in effect.\n\n"
       "| variable | type | default | unit | meaning |\n|---|---|---|---|---|\n");
   for (const auto& spec : optionTable()) {
