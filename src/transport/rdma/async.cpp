@@ -8,8 +8,7 @@
 #include "src/transport/rdma/transport_impl.hpp"
 #include "verbs/device.hpp"
 
-namespace rdmacc {
-namespace rdma {
+namespace rdmacc::rdma {
 
 void RdmaTransport::takeAsyncEvents() {
   pollsSinceAsync_ = 0;
@@ -136,5 +135,4 @@ void RdmaTransport::deliverAsyncFailures(TransportSink& sink) {
   for (auto& [rank, error] : failures) sink.failed(rank, std::move(error));
 }
 
-}  // namespace rdma
-}  // namespace rdmacc
+}  // namespace rdmacc::rdma

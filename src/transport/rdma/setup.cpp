@@ -29,7 +29,9 @@ std::unique_ptr<Transport> makeRdmaTransport(Mesh& mesh, Store& store,
   return std::make_unique<rdma::RdmaTransport>(mesh, store, options);
 }
 
-namespace rdma {
+}  // namespace rdmacc
+
+namespace rdmacc::rdma {
 
 using wire::kHeaderBytes;
 
@@ -248,5 +250,4 @@ void RdmaTransport::connect(Store& store, const AllGather& allGather, const std:
   setUpBoard(groupBoard);
 }
 
-}  // namespace rdma
-}  // namespace rdmacc
+}  // namespace rdmacc::rdma

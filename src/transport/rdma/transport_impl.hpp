@@ -27,7 +27,9 @@ namespace rdmacc {
 struct Registration;
 class RegistrationCache;
 
-namespace rdma {
+}  // namespace rdmacc
+
+namespace rdmacc::rdma {
 
 // What a staging slot's write reads besides the slot (its zero-copy payload).
 struct SlotWrite {
@@ -262,5 +264,4 @@ class RdmaTransport final : public Transport, public Board {
   std::chrono::microseconds boardSleep_{0};
 };
 
-}  // namespace rdma
-}  // namespace rdmacc
+}  // namespace rdmacc::rdma

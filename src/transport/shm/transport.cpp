@@ -21,8 +21,7 @@
 #include "src/transport/shm/cma.hpp"
 #include "src/transport/shm/transport_impl.hpp"
 
-namespace rdmacc {
-namespace shm {
+namespace rdmacc::shm {
 
 // The head the peer published is read only when the one seen last leaves
 // no room: its cache line stays with the peer while the ring has space.
@@ -224,7 +223,9 @@ void ShmTransport::consumeEvents() {
   }
 }
 
-}  // namespace shm
+}  // namespace rdmacc::shm
+
+namespace rdmacc {
 
 std::unique_ptr<Transport> makeShmTransport(Store& store, const TransportOptions& options,
                                             const std::vector<bool>& peers) {
