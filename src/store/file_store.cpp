@@ -25,6 +25,11 @@ namespace rdmacc {
 namespace {
 
 constexpr uint32_t kTombstone = 0xffffffffu;
+// Far above what a group's formation writes (records of bytes per rank),
+// and the bound on what refresh() allocates: the file is ours and private,
+// but one left over or grown (a sparse file of terabytes) must fail with an
+// error that names it, not a bad_alloc or hours of replaying zeros.
+constexpr off_t kMaxFileBytes = off_t{1} << 30;
 
 // Holds an flock() for its lifetime.
 class FileLock {
@@ -62,6 +67,13 @@ struct FileStore::State {
       offset = 0;
     }
     if (st.st_size == offset) return;
+    if (st.st_size > kMaxFileBytes) {
+      throw Error(ErrorKind::Store,
+                  fmt::format("file store {} holds {} bytes, more than a store rdmacc writes ({})",
+                              path, static_cast<long long>(st.st_size),
+                              static_cast<long long>(kMaxFileBytes)),
+                  "delete the file (no group may be using it), or give the job a new path");
+    }
     std::vector<uint8_t> buf(static_cast<size_t>(st.st_size - offset));
     size_t got = 0;
     while (got < buf.size()) {

@@ -406,6 +406,26 @@ TEST(FileStore, IsPrivateToItsUserAndRefusesASymlink) {
   std::filesystem::remove(path);
 }
 
+// docs/security.md: a file store's size is not trusted for an allocation.
+TEST(FileStore, AFileGrownPastTheLimitIsRefusedNamingIt) {
+  auto path = tempPath();
+  std::filesystem::remove(path);
+  {
+    FileStore store(path, 2s);
+    store.set("a", toBytes("1"));
+  }
+  ASSERT_EQ(::truncate(path.c_str(), off_t{64} << 30), 0);  // sparse: 64 GiB of zeros
+  try {
+    FileStore store(path, 2s);
+    store.get("a");
+    ADD_FAILURE() << "a 64 GiB file store was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("68719476736 bytes"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(StoreNumber, OnlyDigitsWithinTheRangeAreAccepted) {
   EXPECT_EQ(storeNumber(toBytes("4791"), 65535, "addr/1"), 4791u);
   EXPECT_EQ(storeNumber(toBytes("18446744073709551615"), UINT64_MAX, "token"), UINT64_MAX);
