@@ -41,7 +41,9 @@ const char* toString(OpType type) noexcept;
 // Callbacks run on the completing thread in registration order (one
 // registered after completion runs at once), holding only the engine's
 // progress lock: a callback may submit new operations (submission takes other
-// locks) but must not wait() for rdmacc work, which needs that progress.
+// locks) but must not wait() for rdmacc work, which needs that progress, nor
+// destroy the backend that runs it (the process aborts with an error that
+// says so: the alternative is a deadlock).
 class Work : public std::enable_shared_from_this<Work> {
  public:
   // wait() first lets the driver make progress on the caller's thread; it

@@ -1,11 +1,13 @@
 #include "src/engine/engine.hpp"
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
 #include "src/engine/engine_impl.hpp"
 #include "src/engine/event_trace.hpp"
 
@@ -112,6 +114,17 @@ Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
 }
 
 Engine::~Engine() {
+  if (impl_->loop.steppedHere()) {
+    // A Work callback of this group's own operation destroyed the group: the
+    // step that runs the callback would go on with what is destroyed here,
+    // and stopping waits for that step, so it would wait for itself.
+    log(LogLevel::Error,
+        "group {}: destroyed by a Work callback of its own operation, which runs inside the "
+        "group's progress; destroy the group after the callback returns (after wait(), or "
+        "from another thread). Aborting instead of deadlocking.",
+        impl_->options.group);
+    std::abort();
+  }
   impl_->loop.stopDrivers();
   {
     std::unique_lock lock(gate_->mutex);  // waits for the drivers inside

@@ -56,6 +56,9 @@ class Progress {
   // the submitter's lock), then wakes the threads that sleep or are about to
   // (Dekker pair with sleep(): the eventfd write, a syscall and under
   // emulation a costly one, is saved while they spin).
+  // Whether the calling thread is inside a step of this group (the engine
+  // thread's or a driver's): where Work callbacks run.
+  bool steppedHere() const { return mutex_.heldByThisThread(); }
   void markPending() { pending_.store(true); }
   void wakeSleepers() {
     if (sleepers_.load() > 0) wake();

@@ -330,6 +330,23 @@ TEST(ProgressHub, GroupsComeAndGoWhileAnotherRuns) {
   EXPECT_TRUE(ProgressHub::instance().running());
 }
 
+// A Work callback runs inside its group's progress (include/rdmacc/work.hpp):
+// a group destroyed there aborts with an error that says so; before, the
+// process hung with the engine thread waiting for its own step.
+TEST(EngineDeathTest, AGroupDestroyedByItsOwnCallbackAbortsSayingSo) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto* group = new Group(2, 2, 256);  // the callback destroys half of it
+        auto w0 = (*group)[0].submit(barrier(0, 2));
+        w0->then([group](Work&) { group->engines[0].reset(); });
+        auto w1 = (*group)[1].submit(barrier(1, 2));
+        (void)w1->wait();
+        std::this_thread::sleep_for(10s);
+      },
+      "destroyed by a Work callback of its own operation");
+}
+
 // A forked child (a DataLoader worker) has no engine thread: a group it makes
 // starts its own, while the parent's keeps serving the parent.
 TEST(ProgressHub, AForkedChildsGroupGetsAnEngineThreadOfItsOwn) {
