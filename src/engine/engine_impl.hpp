@@ -3,6 +3,7 @@
 // search for the rank a stuck group waits on). Private to those two files.
 #pragma once
 
+#include "src/core/by_rank.hpp"
 #include "src/engine/engine.hpp"
 
 #include <chrono>
@@ -39,11 +40,11 @@ struct Engine::Impl final : TransportSink, Steppable {
   int size;
   std::unique_ptr<Transport> transport;
   size_t chunk;
-  std::vector<bool> dead;  // peers that disconnected
+  ByRank<bool> dead;  // peers that disconnected
   // Peers that disconnected at least kDepartureGrace ago: what they sent
   // before leaving has arrived, so an operation that still misses messages
   // of theirs (or must send to them) fails.
-  std::vector<bool> gone;
+  ByRank<bool> gone;
   Matching matching;
   Executor executor;
   ActivePool pool;
@@ -98,8 +99,8 @@ struct Engine::Impl final : TransportSink, Steppable {
         size(options.size),
         transport(std::move(t)),
         chunk(transport->chunkBytes()),
-        dead(static_cast<size_t>(size), false),
-        gone(static_cast<size_t>(size), false),
+        dead(size, false),
+        gone(size, false),
         matching(*transport, size),
         executor(*transport, matching, options, gone),
         loop(*transport, *this, options) {}
@@ -191,7 +192,7 @@ struct Engine::Impl final : TransportSink, Steppable {
            failedCompletions.empty();
   }
 
-  void stopping() override { transport->drain(dead); }
+  void stopping() override { transport->drain(dead.vector()); }
 };
 
 }  // namespace rdmacc

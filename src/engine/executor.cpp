@@ -46,13 +46,13 @@ class Burst {
 }  // namespace
 
 Executor::Executor(Transport& transport, Matching& matching, const EngineOptions& options,
-                   const std::vector<bool>& gone)
+                   const ByRank<bool>& gone)
     : transport_(transport),
       matching_(matching),
       options_(options),
       gone_(gone),
       chunk_(transport.chunkBytes()) {
-  for (int peer = 0; peer < static_cast<int>(gone.size()); ++peer) {
+  for (int peer = 0; peer < gone.size(); ++peer) {
     anyMemoryPeers_ |=
         peer != options.rank && transport.directWrites(peer) == DirectWrites::AnyMemory;
   }
@@ -135,8 +135,8 @@ void Executor::prepareAdverts(Active& a) {
 // copy-in, the prologue, the first step and the adverts of direct receives.
 void Executor::startCollective(Active& a) {
   Operation& op = *a.op;
-  for (int peer = 0; peer < static_cast<int>(gone_.size()); ++peer) {
-    if (gone_[static_cast<size_t>(peer)] && needs(a, peer, chunk_, matching_)) {
+  for (int peer = 0; peer < gone_.size(); ++peer) {
+    if (gone_[peer] && needs(a, peer, chunk_, matching_)) {
       throw peerGone(peer, transport_.peerAddress(peer), transport_.departure(peer));
     }
   }
@@ -362,8 +362,7 @@ bool Executor::advancePointToPoint(std::vector<std::unique_ptr<Active>>& ops, Ac
     Active& a = **it;
     Operation& op = *a.op;
     if (!a.started) {
-      if (op.peer >= 0 && gone_[static_cast<size_t>(op.peer)] &&
-          needs(a, op.peer, chunk_, matching_)) {
+      if (op.peer >= 0 && gone_[op.peer] && needs(a, op.peer, chunk_, matching_)) {
         throw peerGone(op.peer, transport_.peerAddress(op.peer), transport_.departure(op.peer));
       }
       a.started = true;

@@ -28,7 +28,7 @@ class Executor {
   // `gone`: the peers that left (the engine's, updated by it) long enough ago
   // that what they sent has arrived.
   Executor(Transport& transport, Matching& matching, const EngineOptions& options,
-           const std::vector<bool>& gone);
+           const ByRank<bool>& gone);
 
   // Starts the collective (on its first call: copy-in, prologue, adverts) and
   // moves it on; sets a.finished once every step and the epilogue are done.
@@ -54,7 +54,7 @@ class Executor {
   Transport& transport_;
   Matching& matching_;
   const EngineOptions& options_;
-  const std::vector<bool>& gone_;
+  const ByRank<bool>& gone_;
   size_t chunk_;
   bool anyMemoryPeers_ = false;  // some peer writes direct receives without a registration
   ByRank<char> streaming_;       // advancePointToPoint: peers with a send in progress

@@ -33,7 +33,7 @@ constexpr auto kStuckGrace = std::chrono::milliseconds(1000);
 // A departed peer's queue pair fails our pending credits; the operations
 // that needed the peer are failed by its departure.
 void Engine::Impl::failed(int peer, Error error) {
-  if (dead[static_cast<size_t>(peer)]) return;
+  if (dead[peer]) return;
   for (const auto& f : failedCompletions) {
     if (f.peer == peer) return;
   }
@@ -67,8 +67,8 @@ bool Engine::Impl::pollConnectionEvents(Clock::time_point now) {
   auto left = transport->takeDisconnected();
   bool progress = !left.empty();
   for (int peer : left) {
-    if (dead[static_cast<size_t>(peer)]) continue;
-    dead[static_cast<size_t>(peer)] = true;
+    if (dead[peer]) continue;
+    dead[peer] = true;
     departures.emplace_back(peer, now + kDepartureGrace);
     // Its failed writes are explained by its departure.
     std::erase_if(failedCompletions, [&](const FailedCompletion& f) { return f.peer == peer; });
@@ -90,7 +90,7 @@ bool Engine::Impl::pollConnectionEvents(Clock::time_point now) {
     }
     int peer = it->first;
     it = departures.erase(it);
-    gone[static_cast<size_t>(peer)] = true;
+    gone[peer] = true;
     bool needed = false;
     for (const auto& a : collectives) needed = needed || needs(*a, peer, chunk, matching);
     for (const auto& a : pointToPoint) needed = needed || needs(*a, peer, chunk, matching);
@@ -210,7 +210,7 @@ void Engine::Impl::tellStuck(const std::vector<int>& waits) {
   stuckText = formatRanks(waits, chunk);
   stuckUnsent.clear();
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank && !dead[static_cast<size_t>(peer)]) stuckUnsent.push_back(peer);
+    if (peer != rank && !dead[peer]) stuckUnsent.push_back(peer);
   }
   sendStuckReports();
 }
@@ -220,7 +220,7 @@ void Engine::Impl::tellStuck(const std::vector<int>& waits) {
 // once one frees.
 void Engine::Impl::sendStuckReports() {
   std::erase_if(stuckUnsent, [&](int peer) {
-    if (dead[static_cast<size_t>(peer)]) return true;
+    if (dead[peer]) return true;
     wire::Header h{.kind = wire::MessageKind::Stuck,
                    .payload = static_cast<uint32_t>(stuckText.size())};
     try {
@@ -280,7 +280,7 @@ void Engine::Impl::breakGroup(const Error& error, bool tellPeers) {
     std::string text = std::string(error.what()).substr(0, chunk);
     const int root = error.info().peerRank;
     for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank || dead[static_cast<size_t>(peer)]) continue;
+      if (peer == rank || dead[peer]) continue;
       wire::Header h{
           .kind = wire::MessageKind::Abort,
           .payload = static_cast<uint32_t>(text.size()),

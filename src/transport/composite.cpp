@@ -1,4 +1,5 @@
 #include "src/transport/composite.hpp"
+#include "src/core/by_rank.hpp"
 
 #include <algorithm>
 #include <utility>
@@ -16,8 +17,8 @@ class CompositeTransport final : public Transport, private TransportSink {
                      std::vector<std::vector<uint8_t>> carriers)
       : children_(std::move(children)),
         carriers_(std::move(carriers)),
-        next_(carriers_.size(), 0),
-        departedVia_(carriers_.size(), -1) {
+        next_(static_cast<int>(carriers_.size()), 0),
+        departedVia_(static_cast<int>(carriers_.size()), -1) {
     for (const auto& child : children_) {
       if (child->chunkBytes() != children_[0]->chunkBytes() ||
           child->slotsPerPeer() != children_[0]->slotsPerPeer()) {
@@ -50,7 +51,7 @@ class CompositeTransport final : public Transport, private TransportSink {
     }
     // Round-robin from where the last one went; a rail without a free slot
     // or credit now is skipped.
-    uint8_t& next = next_[static_cast<size_t>(peer)];
+    uint8_t& next = next_[peer];
     for (size_t i = 0; i < list.size(); ++i) {
       const size_t k = (next + i) % list.size();
       if (children_[list[k]]->trySend(peer, header, data, zeroCopy, std::nullopt)) {
@@ -97,7 +98,7 @@ class CompositeTransport final : public Transport, private TransportSink {
     std::vector<int> gone;
     for (size_t c = 0; c < children_.size(); ++c) {
       for (int peer : children_[c]->takeDisconnected()) {
-        int& via = departedVia_[static_cast<size_t>(peer)];
+        int& via = departedVia_[peer];
         if (via >= 0) continue;
         via = static_cast<int>(c);
         gone.push_back(peer);
@@ -106,7 +107,7 @@ class CompositeTransport final : public Transport, private TransportSink {
     return gone;
   }
   Departure departure(int peer) const override {
-    const int via = departedVia_[static_cast<size_t>(peer)];
+    const int via = departedVia_[peer];
     return via >= 0 ? children_[static_cast<size_t>(via)]->departure(peer)
                     : first(peer).departure(peer);
   }
@@ -174,8 +175,8 @@ class CompositeTransport final : public Transport, private TransportSink {
 
   std::vector<std::unique_ptr<Transport>> children_;
   std::vector<std::vector<uint8_t>> carriers_;
-  std::vector<uint8_t> next_;     // by peer: the carrier the next collective chunk tries first
-  std::vector<int> departedVia_;  // by peer: the child that reported its departure
+  ByRank<uint8_t> next_;     // by peer: the carrier the next collective chunk tries first
+  ByRank<int> departedVia_;  // by peer: the child that reported its departure
   TransportSink* sink_ = nullptr;
   size_t polling_ = 0;  // the child whose poll() is delivering
   uint64_t arrivals_ = 0;
