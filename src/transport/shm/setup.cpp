@@ -165,6 +165,12 @@ void ShmTransport::create(const std::string& name) {
   doorbell_ = net::Fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   bell_ = net::Fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!doorbell_ || !bell_) throw shmError("socket", errno, "creating the wake-up sockets", "");
+  // Each datagram then carries its sender's pid, as the kernel knows it:
+  // the peers' hellos (hello.cpp).
+  const int on = 1;
+  if (::setsockopt(doorbell_.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0) {
+    throw shmError("setsockopt(SO_PASSCRED)", errno, "on the wake-up socket", "");
+  }
   prepareDoorbellDirectory();
   socklen_t length = 0;
   sockaddr_un addr = doorbellAddress(name_, length);
@@ -262,6 +268,10 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
     }
     joinPeer(rank, p, names[idx(rank)], laneIn(rank, rank_), laneIn(rank_, rank));
   }
+  // Hellos that came while we waited: the first operations may already
+  // write single-copy (the rest are read by the engine's polls).
+  sendOwedHellos();
+  drainDoorbell();
   lightPublish_ = sleepBarrier_;
   for (int rank = 0; rank < size_; ++rank) {
     const Peer& p = peers_[rank];
@@ -314,6 +324,8 @@ void ShmTransport::joinPeer(int rank, Peer& p, const std::string& name, size_t t
   p.doorbell = doorbellAddress(name, p.doorbellLength);
   p.window = SlotWindow(static_cast<int>(geometry_.slots));
   p.singleCopy = singleCopy_ && probeSingleCopy(rank, p);
+  unverified_ += p.singleCopy ? 1 : 0;
+  sendHello(p);
   // The last of the owner's peers to map it wakes it (if it sleeps) to
   // unlink; seq_cst with the owner's sleeping flag (arm): either it sees the
   // count before it sleeps, or this rank sees it asleep and rings.

@@ -51,7 +51,8 @@ void ShmTransport::publish(Peer& p, Record r) {
 }
 
 // Only while the peer's process lives (its pid could be another's once it
-// exited), and only to the peer that owns the segment (probeSingleCopy).
+// exited), and only to the peer that owns the segment (probeSingleCopy)
+// and said hello from the pid its record gives (hello.cpp).
 // A write the kernel refuses (the peer advertised memory it does not have,
 // or a security module changed its mind) sends that payload, and every
 // later one, through the slots.
@@ -85,7 +86,7 @@ bool ShmTransport::trySend(int to, const Header& header, const uint8_t* data,
   if (!p.window.canSend(creditReserve_) || ringSpace(to, p) == 0) return false;
   const int remote = p.window.nextRemote();
   uint8_t* slot = p.outSlots + static_cast<size_t>(remote) * geometry_.slotBytes;
-  const bool single = direct && header.payload > 0 && p.singleCopy &&
+  const bool single = direct && header.payload > 0 && p.singleCopy && p.pidVerified &&
                       writeDirect(to, p, data, *direct, header.payload);
   Header h = header;
   h.credits = p.window.takePiggybackCredits();
@@ -103,10 +104,15 @@ bool ShmTransport::trySend(int to, const Header& header, const uint8_t* data,
 
 std::string ShmTransport::describePeer(int to) const {
   const Peer& p = peers_[to];
-  return fmt::format("shared memory: {}, ring {} of {} entries used by us, {} of {} by it",
-                     p.window.describe(), p.outTail - p.out->head.load(std::memory_order_relaxed),
-                     geometry_.ringEntries, p.in->tail.load(std::memory_order_relaxed) - p.inHead,
-                     geometry_.ringEntries);
+  return fmt::format(
+      "shared memory: {}, ring {} of {} entries used by us, {} of {} by it, single-copy writes "
+      "{}",
+      p.window.describe(), p.outTail - p.out->head.load(std::memory_order_relaxed),
+      geometry_.ringEntries, p.in->tail.load(std::memory_order_relaxed) - p.inHead,
+      geometry_.ringEntries,
+      !p.singleCopy   ? "off"
+      : p.pidVerified ? "on"
+                      : "waiting for its hello from its pid");
 }
 
 void ShmTransport::release(int from, int slot) {
@@ -135,6 +141,13 @@ bool ShmTransport::flushCredits() {
 
 bool ShmTransport::poll(TransportSink& sink) {
   unlinkIfMapped();
+  // Until every peer's hello is in, look for them here too: a busy engine
+  // thread may not sleep (and read the doorbell) for a while. Before the
+  // rings: a wake-up drained here announced a record published before it.
+  if (hellosOwed_ > 0 || unverified_ > 0) {
+    sendOwedHellos();
+    drainDoorbell();
+  }
   const wire::Limits limits{.slotsPerPeer = static_cast<int>(geometry_.slots),
                             .slotBytes = geometry_.slotBytes};
   bool any = false;
@@ -208,19 +221,10 @@ void ShmTransport::arm() {
   }
 }
 
-namespace {
-constexpr int kDrainPerPoll = 64;
-}  // namespace
-
 void ShmTransport::consumeEvents() {
   head_->sleeping.store(0, std::memory_order_relaxed);
-  // Bounded: the progress lock is held here, and a flood of wake-ups (only
-  // this user's processes can send them) must not keep it; what is left
-  // wakes the next poll at once.
-  char buffer[64];
-  for (int i = 0; i<kDrainPerPoll&& ::recv(doorbell_.get(), buffer, sizeof buffer, MSG_DONTWAIT)> 0;
-       ++i) {
-  }
+  sendOwedHellos();
+  drainDoorbell();
 }
 
 }  // namespace rdmacc::shm

@@ -145,9 +145,15 @@ struct Peer {
   bool reported = false;  // its departure was reported
   Departure how;          // and how it showed
   SlotWindow window;
-  bool singleCopy = false;     // direct writes into its memory (cma) work
-  uint64_t boardConsumed = 0;  // its head's boardConsumed as last read
-  uint8_t* board = nullptr;    // its board in its segment
+  bool singleCopy = false;  // direct writes into its memory (cma) work
+  // The kernel saw a process under `pid` send this peer's hello (hello.cpp):
+  // single-copy writes go to it only then, so its record cannot aim them at
+  // a third process.
+  bool pidVerified = false;
+  bool helloOwed = false;       // ours to it was refused (its queue was full): again
+  bool mismatchLogged = false;  // a hello for it came from another pid (logged once)
+  uint64_t boardConsumed = 0;   // its head's boardConsumed as last read
+  uint8_t* board = nullptr;     // its board in its segment
 };
 
 class ShmTransport final : public Transport, public Board {
@@ -238,6 +244,12 @@ class ShmTransport final : public Transport, public Board {
              reinterpret_cast<const sockaddr*>(&p.doorbell), p.doorbellLength);
   }
   bool flushCredits(int to);
+  // Hellos (hello.cpp): ours to a peer, sent until its doorbell takes it,
+  // and theirs to us, read with the sender's pid the kernel attaches.
+  void sendHello(Peer& p);
+  void sendOwedHellos();
+  void drainDoorbell();
+  void takeHello(const void* data, size_t bytes, int senderPid);
   bool probeSingleCopy(int rank, const Peer& p) const;
   static bool processExited(const Peer& p);
   bool writeDirect(int to, Peer& p, const uint8_t* data, const DirectTarget& target, size_t bytes);
@@ -270,6 +282,8 @@ class ShmTransport final : public Transport, public Board {
   net::Fd bell_;      // unbound: we wake peers through it
   ByRank<Peer> peers_;
   size_t creditReserve_ = 0;
+  size_t hellosOwed_ = 0;  // peers whose doorbell refused our hello so far
+  size_t unverified_ = 0;  // peers open to single-copy writes whose hello is not in
   uint64_t arrivals_ = 0;
   bool singleCopy_;          // RDMACC_SHM_SINGLE_COPY
   size_t oneShotBytes_ = 0;  // RDMACC_SHM_ONE_SHOT_BYTES when there is a board
