@@ -192,16 +192,24 @@ void ProgressHub::round(Round& r) {
 // one ppoll waits on the thread's and every group's wake-up descriptor and
 // the armed groups' event channels; a group with pending work (or one only
 // polling can see) bounds the wait by kSleepSlice, one that a caller drives
-// by its pause.
+// by its pause. A driven group is left to its driver as the group's own
+// thread left it before the hub: not counted as a sleeper, so its
+// submissions neither write the wake-up descriptor nor wake this thread
+// (a syscall and a context switch per operation on a latency-bound path),
+// and its pending work is the driver's to take.
 void ProgressHub::sleep(Round& r, std::optional<microseconds> pauseLimit) {
-  const std::vector<Progress*>& members = r.members;
-  for (Progress* p : members) p->sleepers_.fetch_add(1);  // seq_cst: Progress::sleep
+  std::vector<Progress*>& watched = r.watched;
+  watched.clear();
+  for (Progress* p : r.members) {
+    if (!gone(p) && p->driverPause().count() == 0) watched.push_back(p);
+  }
+  for (Progress* p : watched) p->sleepers_.fetch_add(1);  // seq_cst: Progress::sleep
   struct Awake {
-    const std::vector<Progress*>& members;
+    const std::vector<Progress*>& watched;
     ~Awake() {
-      for (Progress* p : members) p->sleepers_.fetch_sub(1);
+      for (Progress* p : watched) p->sleepers_.fetch_sub(1);
     }
-  } awake{members};
+  } awake{watched};
   std::vector<Progress*>& armed = r.armed;
   armed.clear();
   auto disarm = [&] {
@@ -212,13 +220,11 @@ void ProgressHub::sleep(Round& r, std::optional<microseconds> pauseLimit) {
   };
   std::optional<microseconds> limit = pauseLimit;
   bool idle = true;
-  for (Progress* p : members) {
-    if (gone(p)) continue;
+  for (Progress* p : watched) {
     if (p->pending_.load()) {
       disarm();
       return;
     }
-    if (p->driverPause().count() > 0) continue;  // its driver sleeps on its channel
     std::unique_lock lock(p->mutex_);
     if (p->stopped_) {
       idle = false;
@@ -244,7 +250,9 @@ void ProgressHub::sleep(Round& r, std::optional<microseconds> pauseLimit) {
 
   std::vector<pollfd>& polled = r.polled;
   polled.assign(1, pollfd{r.wakeFd, POLLIN, 0});
-  for (Progress* p : members) {
+  // A driven group's too: a driver that leaves with its work undone wakes
+  // this thread through it (Progress::driverLeaves).
+  for (Progress* p : r.members) {
     if (!gone(p)) polled.push_back({p->wakeFd_.get(), POLLIN, 0});
   }
   const size_t wakeFds = polled.size();

@@ -45,6 +45,7 @@ class ProgressHub {
   // operation's path allocates only its Work and Operation).
   struct Round {
     std::vector<Progress*> members;  // the snapshot
+    std::vector<Progress*> watched;  // not driven by a caller: slept for here
     std::vector<Progress*> armed;
     std::vector<pollfd> polled;
     int wakeFd = -1;
