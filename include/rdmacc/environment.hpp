@@ -41,8 +41,9 @@ TCPStoreServerLimits storeServerLimits(const Config& config);
 // that set the rank); 0 when none is set. Throws Error naming a malformed one.
 int localRankFromEnvironment();
 // How many ranks the launcher started on this host, from LOCAL_WORLD_SIZE,
-// OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS; 0 when unknown (srun, a
-// plain environment launch). Throws Error naming a malformed one.
+// OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS or srun's
+// SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID; 0 when unknown (a plain
+// environment launch). Throws Error naming a malformed one.
 int localSizeFromEnvironment();
 
 // This host's name (gethostname), "" when it has none: for log lines, file

@@ -54,6 +54,8 @@ std::vector<std::string> launcherVariables() {
                                     "SLURM_PROCID",
                                     "SLURM_NTASKS",
                                     "SLURM_LOCALID",
+                                    "SLURM_NODEID",
+                                    "SLURM_STEP_TASKS_PER_NODE",
                                     "SLURM_JOB_ID",
                                     "PMIX_NAMESPACE",
                                     "PMIX_RANK"};
@@ -103,6 +105,7 @@ constexpr Scheme kSchemes[] = {
     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE", "mpirun"},
     {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "mpirun"},
+    // srun's count per node is a list: slurmLocalSize.
     {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "srun"},
 };
 
@@ -131,9 +134,62 @@ int localRankFromEnvironment() {
   return envInt(s->localRank, 0, 1 << 20);
 }
 
+namespace {
+
+// srun says how many tasks each node of the step runs as a compressed list
+// ("4(x2),3": four on each of the first two nodes, three on the third) and
+// which node this is (SLURM_NODEID, counted within the step).
+int slurmLocalSize() {
+  constexpr const char* kList = "SLURM_STEP_TASKS_PER_NODE";
+  const char* list = env(kList);
+  if (list == nullptr || env("SLURM_NODEID") == nullptr) return 0;
+  const int node = envInt("SLURM_NODEID", 0, 1 << 20);
+  const auto malformed = [&](std::string_view why) {
+    return Error(
+        ErrorKind::InvalidArgument,
+        fmt::format("{}={} {} (Slurm writes counts per node, such as 4(x2),3)", kList, list, why),
+        "srun sets it; check the launch command, or set LOCAL_WORLD_SIZE");
+  };
+  const auto number = [&](std::string_view& rest) {
+    int64_t n = 0;
+    size_t digits = 0;
+    while (digits < rest.size() && rest[digits] >= '0' && rest[digits] <= '9' && n <= (1 << 20)) {
+      n = n * 10 + (rest[digits++] - '0');
+    }
+    if (digits == 0 || n < 1 || n > (1 << 20)) throw malformed("is not a list of counts");
+    rest.remove_prefix(digits);
+    return static_cast<int>(n);
+  };
+  // The whole list is read (and checked) whichever node this is.
+  std::string_view rest(list);
+  int64_t first = 0;  // the first node of the current item
+  int mine = 0;
+  while (true) {
+    const int count = number(rest);
+    int repeat = 1;
+    if (rest.starts_with("(x")) {
+      rest.remove_prefix(2);
+      repeat = number(rest);
+      if (!rest.starts_with(")")) throw malformed("is not a list of counts");
+      rest.remove_prefix(1);
+    }
+    if (mine == 0 && node < first + repeat) mine = count;
+    first += repeat;
+    if (rest.empty()) break;
+    if (!rest.starts_with(",")) throw malformed("is not a list of counts");
+    rest.remove_prefix(1);
+  }
+  if (mine > 0) return mine;
+  throw malformed(fmt::format("has no count for this node (SLURM_NODEID={})", node));
+}
+
+}  // namespace
+
 int localSizeFromEnvironment() {
   const Scheme* s = launcherScheme();
-  if (s == nullptr || s->localSize == nullptr || env(s->localSize) == nullptr) return 0;
+  if (s == nullptr) return 0;
+  if (s->localSize == nullptr) return slurmLocalSize();
+  if (env(s->localSize) == nullptr) return 0;
   return envInt(s->localSize, 1, 1 << 20);
 }
 

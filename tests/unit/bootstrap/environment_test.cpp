@@ -19,9 +19,18 @@ class LauncherEnvironment : public ::testing::Test {
     for (const char* name :
          {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
           "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_ID",
-          "MASTER_ADDR", "MASTER_PORT", "PMIX_NAMESPACE", "PMIX_RANK", "RDMACC_BOOTSTRAP"}) {
+          "MASTER_ADDR", "MASTER_PORT", "PMIX_NAMESPACE", "PMIX_RANK", "RDMACC_BOOTSTRAP",
+          "LOCAL_WORLD_SIZE", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE"}) {
       ::unsetenv(name);
     }
+  }
+  static std::string localSizeError() {
+    try {
+      localSizeFromEnvironment();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
   }
   static std::string error() {
     try {
@@ -101,6 +110,42 @@ TEST_F(LauncherEnvironment, TorchrunsRankWinsOverInheritedPmixVariables) {
   const std::string e = error();
   EXPECT_NE(e.find("MASTER_ADDR/MASTER_PORT are not set"), std::string::npos) << e;
   EXPECT_NE(e.find("Open MPI's mpirun starts ranks through PMIx"), std::string::npos) << e;
+}
+
+// srun gives no local size of its own, only a compressed count per node of
+// the step; a group that spans nodes knows it needs RDMA from that before
+// the host exchange (2 store requests per rank instead of 5).
+TEST_F(LauncherEnvironment, AnSrunTasksLocalSizeIsItsNodesCount) {
+  ::setenv("SLURM_PROCID", "9", 1);
+  ::setenv("SLURM_NTASKS", "11", 1);
+  EXPECT_EQ(localSizeFromEnvironment(), 0);  // no list: unknown
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2),3", 1);
+  ::setenv("SLURM_NODEID", "0", 1);
+  EXPECT_EQ(localSizeFromEnvironment(), 4);
+  ::setenv("SLURM_NODEID", "1", 1);
+  EXPECT_EQ(localSizeFromEnvironment(), 4);
+  ::setenv("SLURM_NODEID", "2", 1);
+  EXPECT_EQ(localSizeFromEnvironment(), 3);
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "8", 1);
+  ::setenv("SLURM_NODEID", "0", 1);
+  EXPECT_EQ(localSizeFromEnvironment(), 8);
+}
+
+TEST_F(LauncherEnvironment, AMalformedSrunCountPerNodeIsNamed) {
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "8", 1);
+  ::setenv("SLURM_NODEID", "0", 1);
+  for (const char* bad : {"4(x2", "x2", "4,,3", "4(x0)", "0", "99999999999", "4;3", "4(x2),"}) {
+    ::setenv("SLURM_STEP_TASKS_PER_NODE", bad, 1);
+    const std::string e = localSizeError();
+    EXPECT_NE(e.find(std::string("SLURM_STEP_TASKS_PER_NODE=") + bad + " is not a list of counts"),
+              std::string::npos)
+        << bad << ": " << e;
+  }
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2)", 1);
+  ::setenv("SLURM_NODEID", "2", 1);
+  EXPECT_NE(localSizeError().find("has no count for this node (SLURM_NODEID=2)"), std::string::npos)
+      << localSizeError();
 }
 
 }  // namespace
