@@ -3,6 +3,7 @@
 // show only as a whole (ordering, credits, deadlines, failure fan-out, later
 // collectives overlapping the oldest) is asserted here directly.
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -249,6 +251,19 @@ size_t threadsOfThisProcess() {
   return n;
 }
 
+// Whether every thread of this process but the calling one is blocked in
+// ppoll (the engine thread asleep, not spinning through its rounds).
+bool othersAsleepInPpoll() {
+  const std::string self = std::to_string(::gettid());
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    if (entry.path().filename() == self) continue;
+    std::ifstream syscall(entry.path() / "syscall");
+    long number = -1;
+    if (!(syscall >> number) || number != SYS_ppoll) return false;
+  }
+  return true;
+}
+
 // Waits without driving: only the engine thread can complete `work`.
 bool completesUnaided(const Work& work, std::chrono::seconds limit = 20s) {
   const auto until = std::chrono::steady_clock::now() + limit;
@@ -354,6 +369,14 @@ TEST(ProgressHub, AForkedChildsGroupGetsAnEngineThreadOfItsOwn) {
   GTEST_SKIP() << "TSan does not support threads started after a multi-threaded fork";
 #endif
   Group parent(2, 2, 256);
+  // Fork once the parent's engine thread sleeps: under ASan the allocator's
+  // locks are not fork-safe (glibc's malloc is), and a fork while that
+  // thread allocates in its spinning rounds left the child's first
+  // allocation waiting forever on a lock no thread of the child holds.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!othersAsleepInPpoll() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
   const pid_t child = ::fork();
   if (child == 0) {
     Group mine(2, 2, 256);
