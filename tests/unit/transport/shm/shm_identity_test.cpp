@@ -11,12 +11,15 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -28,6 +31,7 @@
 #include "rdmacc/store.hpp"
 #include "src/store/store_util.hpp"
 #include "src/transport/options.hpp"
+#include "src/transport/shm/doorbell.hpp"
 #include "src/transport/shm/transport.hpp"
 #include "src/transport/transport.hpp"
 
@@ -46,8 +50,50 @@ struct Report {
   std::atomic<uint64_t> rank1Saw{0};  // gCanary as rank 1's process sees it
   std::atomic<uint64_t> thirdSaw{0};  // and as the third process sees it
   std::atomic<int> thirdPid{0};
+  std::atomic<int> crafted{0};  // datagrams the third process got into rank 0's doorbell
   std::atomic<int> stop{0};
 };
+
+// How rank 1 behaves: as it should; publishing a third process's pid as its
+// own; or honest, while a third process sends rank 0's doorbell crafted
+// hellos (any local process of the user can).
+enum class Mode { Honest, ForgedPid, CraftedHellos };
+
+// The third process of Mode::CraftedHellos: every datagram a local process
+// could send rank 0's doorbell instead of a hello, then one claiming rank 1
+// from the wrong pid. `record`: rank 0's ("segment name:pid").
+[[noreturn]] void sendCraftedHellos(const std::string& record, Report& report) {
+  socklen_t length = 0;
+  const sockaddr_un bell = shm::doorbellAddress(record.substr(0, record.find(':')), length);
+  const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  auto send = [&](const void* data, size_t bytes) {
+    for (int tries = 0; tries < 5000; ++tries) {  // the doorbell may not be bound yet
+      if (::sendto(s, data, bytes, 0, reinterpret_cast<const sockaddr*>(&bell), length) >= 0) {
+        report.crafted.fetch_add(1);
+        return;
+      }
+      ::usleep(1000);
+    }
+  };
+  constexpr uint32_t kMagic = 0x6c6c6568;
+  const uint32_t badMagic[2] = {0xdeadbeef, 1};
+  const uint32_t outOfRange[2] = {kMagic, 7};
+  const uint32_t negative[2] = {kMagic, 0xffffffff};
+  const uint32_t itself[2] = {kMagic, 0};  // rank 0's own rank: no local peer of its
+  const uint32_t asRank1[2] = {kMagic, 1};
+  const char shortOne[3] = {'h', 'e', 'l'};
+  char longOne[100] = {};
+  std::memcpy(longOne, asRank1, sizeof asRank1);
+  send(badMagic, sizeof badMagic);
+  send(outOfRange, sizeof outOfRange);
+  send(negative, sizeof negative);
+  send(itself, sizeof itself);
+  send(shortOne, sizeof shortOne);
+  send(longOne, sizeof longOne);
+  send(asRank1, sizeof asRank1);
+  ::close(s);
+  ::_exit(0);
+}
 
 TransportOptions optionsFor(const std::string& group, int rank) {
   TransportOptions o;
@@ -69,14 +115,25 @@ void watch(std::atomic<uint64_t>& into, const Report& report) {
 }
 
 // Rank 1: forms, then keeps its doorbell read (its hello may have been
-// refused by a full queue) and watches. `hostile`: publishes the pid of a
-// child forked after its segment was mapped.
-[[noreturn]] void rank1(const std::string& path, const std::string& group, bool hostile,
+// refused by a full queue) and watches. Mode::ForgedPid: publishes the pid
+// of a child forked after its segment was mapped.
+[[noreturn]] void rank1(const std::string& path, const std::string& group, Mode mode,
                         Report& report) {
   try {
     FileStore store(path, 20s);
     TransportOptions o = optionsFor(group, 1);
-    if (hostile) {
+    if (mode == Mode::CraftedHellos) {
+      o.allGather = [&](const std::string& prefix, const Bytes& mine,
+                        const std::vector<int>& participants, const std::vector<int>& wanted) {
+        auto records = exchangeRecords(store, {}, prefix, 1, mine, participants, wanted);
+        const std::string rank0 = toString(records.at(0));
+        const pid_t third = ::fork();
+        if (third == 0) sendCraftedHellos(rank0, report);
+        report.thirdPid.store(third);
+        return records;
+      };
+    }
+    if (mode == Mode::ForgedPid) {
       o.allGather = [&](const std::string& prefix, const Bytes& mine,
                         const std::vector<int>& participants, const std::vector<int>& wanted) {
         const pid_t third = ::fork();
@@ -113,10 +170,10 @@ struct Outcome {
 };
 
 // Rank 0 forms with rank 1, waits up to 3 s for single-copy writes to it to
-// be on, then writes kWritten single-copy to gCanary in "rank 1's" process.
-Outcome run(bool hostile) {
-  const std::string group =
-      fmt::format("identity-{}-{}", ::getpid(), hostile ? "hostile" : "honest");
+// be on (and for the crafted hellos to be in), then writes kWritten
+// single-copy to gCanary in "rank 1's" process.
+Outcome run(Mode mode) {
+  const std::string group = fmt::format("identity-{}-{}", ::getpid(), static_cast<int>(mode));
   const std::string path = fmt::format("/tmp/rdmacc-test-{}.store", group);
   std::remove(path.c_str());
   auto* report = static_cast<Report*>(
@@ -130,7 +187,7 @@ Outcome run(bool hostile) {
     if (level == LogLevel::Warn) out.warnings.emplace_back(line);
   });
   out.rank1Pid = ::fork();
-  if (out.rank1Pid == 0) rank1(path, group, hostile, *report);
+  if (out.rank1Pid == 0) rank1(path, group, mode, *report);
   {
     FileStore store(path, 20s);
     auto transport = makeShmTransport(store, optionsFor(group, 0), {true, true});
@@ -139,7 +196,10 @@ Outcome run(bool hostile) {
       transport->consumeEvents();
       out.described = transport->describePeer(1);
       std::this_thread::sleep_for(1ms);
-    } while (!out.described.ends_with("writes on") && std::chrono::steady_clock::now() < deadline);
+    } while ((!out.described.ends_with("writes on") ||
+              (mode == Mode::CraftedHellos && report->crafted.load() < 7)) &&
+             std::chrono::steady_clock::now() < deadline);
+    for (int i = 0; i < 10; ++i) transport->consumeEvents();  // what the doorbell still holds
     const uint64_t payload = kWritten;
     wire::Header h;
     h.kind = wire::MessageKind::PointToPoint;
@@ -165,7 +225,7 @@ Outcome run(bool hostile) {
 // The honest pair: rank 1's hello comes from the pid its record gives, so
 // rank 0's single-copy write lands in rank 1's process.
 TEST(ShmIdentity, APeerWhoseHelloMatchesItsRecordGetsSingleCopyWrites) {
-  const Outcome out = run(/*hostile=*/false);
+  const Outcome out = run(Mode::Honest);
   EXPECT_TRUE(out.described.ends_with("single-copy writes on")) << out.described;
   EXPECT_EQ(out.rank1Saw, kWritten) << "the single-copy write did not reach rank 1";
 }
@@ -176,7 +236,7 @@ TEST(ShmIdentity, APeerWhoseHelloMatchesItsRecordGetsSingleCopyWrites) {
 // the payload goes through the slots, and the mismatch is logged naming
 // both pids.
 TEST(ShmIdentity, ARecordGivingAThirdProcesssPidGetsNoSingleCopyWrites) {
-  const Outcome out = run(/*hostile=*/true);
+  const Outcome out = run(Mode::ForgedPid);
   EXPECT_NE(out.thirdSaw, kWritten) << "rank 0 wrote into the third process";
   EXPECT_NE(out.rank1Saw, kWritten);
   EXPECT_TRUE(out.described.ends_with("waiting for its hello from its pid")) << out.described;
@@ -185,6 +245,28 @@ TEST(ShmIdentity, ARecordGivingAThirdProcesssPidGetsNoSingleCopyWrites) {
     named = named || line.find(fmt::format("came from pid {}", out.rank1Pid)) != std::string::npos;
   }
   EXPECT_TRUE(named) << "no warning names the pid the hello came from";
+}
+
+// A local process sends rank 0's doorbell what it likes: a wrong magic, a
+// rank out of range, rank 0's own, datagrams too short and too long, and a
+// hello as rank 1 from its own pid. None of it is taken: the ranks are named
+// in warnings, the false rank 1 is logged with its pid, rank 0 keeps
+// working, and rank 1's genuine hello still turns single-copy writes on.
+TEST(ShmIdentity, CraftedHellosAreRefusedAndTheGenuineOneStillCounts) {
+  const Outcome out = run(Mode::CraftedHellos);
+  EXPECT_TRUE(out.described.ends_with("single-copy writes on")) << out.described;
+  EXPECT_EQ(out.rank1Saw, kWritten) << "the single-copy write did not reach rank 1";
+  EXPECT_NE(out.thirdSaw, kWritten);
+  auto warned = [&](const std::string& text) {
+    for (const auto& line : out.warnings) {
+      if (line.find(text) != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(warned("as rank 7, which is no local peer")) << "rank 7 not named";
+  EXPECT_TRUE(warned("as rank 4294967295, which is no local peer")) << "rank -1 not named";
+  EXPECT_TRUE(warned("as rank 0, which is no local peer")) << "rank 0's own rank not named";
+  EXPECT_TRUE(warned("a hello as rank 1 came from pid ")) << "the false rank 1 not logged";
 }
 
 }  // namespace
