@@ -43,11 +43,19 @@ inline constexpr char kDestroyCq[] = "ibv_destroy_cq";
 inline constexpr char kDestroyCompChannel[] = "ibv_destroy_comp_channel";
 inline constexpr char kDestroyQp[] = "ibv_destroy_qp";
 inline constexpr char kDestroyId[] = "rdma_destroy_id";
+inline constexpr char kDeallocMw[] = "ibv_dealloc_mw";
+// ibv_dealloc_mw is an inline function of verbs.h: wrapped to have an address.
+inline int deallocMw(ibv_mw* mw) {
+  return ibv_dealloc_mw(mw);
+}
 
 using ContextPtr =
     std::unique_ptr<ibv_context, Deleter<ibv_context, ibv_close_device, kCloseDevice>>;
 using PdPtr = std::unique_ptr<ibv_pd, Deleter<ibv_pd, ibv_dealloc_pd, kDeallocPd>>;
 using MrPtr = std::unique_ptr<ibv_mr, Deleter<ibv_mr, ibv_dereg_mr, kDeregMr>>;
+// A memory window: deallocated before the registration it was bound to
+// (rxe refuses to deregister memory a window still covers).
+using MwPtr = std::unique_ptr<ibv_mw, Deleter<ibv_mw, deallocMw, kDeallocMw>>;
 using CqPtr = std::unique_ptr<ibv_cq, Deleter<ibv_cq, ibv_destroy_cq, kDestroyCq>>;
 using CompChannelPtr =
     std::unique_ptr<ibv_comp_channel,

@@ -76,13 +76,43 @@ MrPtr registerMemory(ibv_pd* pd, void* addr, size_t length, int access) {
   return mr;
 }
 
+bool supportsBoundWindows(ibv_context* context) {
+  ibv_device_attr attr{};
+  if (ibv_query_device(context, &attr) != 0) return false;
+  return attr.max_mw > 0 && (attr.device_cap_flags &
+                             (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
+}
+
+Window allocateWindow(ibv_pd* pd) {
+  MwPtr mw(ibv_alloc_mw(pd, IBV_MW_TYPE_2));
+  if (!mw) throw verbsError("ibv_alloc_mw", errno, "cannot allocate a memory window");
+  const uint32_t rkey = ibv_inc_rkey(mw->rkey);
+  return {std::move(mw), rkey};
+}
+
+int bindWindow(ibv_qp* qp, const Window& window, ibv_mr* mr, const void* addr, size_t length,
+               uint64_t wrId) {
+  ibv_send_wr wr{};
+  wr.wr_id = wrId;
+  wr.opcode = IBV_WR_BIND_MW;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.bind_mw.mw = window.mw.get();
+  wr.bind_mw.rkey = window.rkey;
+  wr.bind_mw.bind_info.mr = mr;
+  wr.bind_mw.bind_info.addr = reinterpret_cast<uintptr_t>(addr);
+  wr.bind_mw.bind_info.length = length;
+  wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
 QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params) {
   ibv_qp_init_attr init{};
   init.send_cq = cq;
   init.recv_cq = cq;
   init.qp_type = IBV_QPT_RC;
   init.sq_sig_all = 0;
-  init.cap.max_send_wr = params.sendDepth;
+  init.cap.max_send_wr = params.sendDepth + kBindEntries;
   init.cap.max_recv_wr = params.recvDepth;
   init.cap.max_send_sge = 2;  // header + zero-copy payload
   init.cap.max_recv_sge = 1;

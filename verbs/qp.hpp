@@ -62,6 +62,32 @@ MrPtr registerMemory(ibv_pd* pd, void* addr, size_t length, int access);
 // registrations its neighbours).
 constexpr int kRemoteWriteAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 
+// Memory windows of type 2, bound to one queue pair: the window's rkey
+// works only for writes that arrive on that queue pair, so a peer that
+// learns the rkey meant for another peer cannot use it through its own
+// connection (docs/security.md). The registration under a window has no
+// remote access of its own.
+constexpr int kWindowedAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+// Whether the device binds type-2 windows (IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B).
+bool supportsBoundWindows(ibv_context* context);
+// A type-2 window on pd, and the rkey it will have once bound (the key byte
+// advanced, as binds require): known before the bind, so a hello can carry it
+// while its queue pair is still connecting.
+struct Window {
+  MwPtr mw;
+  uint32_t rkey = 0;
+};
+Window allocateWindow(ibv_pd* pd);
+// Posts a signaled bind of window to [addr, addr + length) of mr, writable
+// remotely, on qp (in RTS); the window's rkey is then Window::rkey. Returns
+// ibv_post_send's errno (0 = ok); its completion carries wrId.
+int bindWindow(ibv_qp* qp, const Window& window, ibv_mr* mr, const void* addr, size_t length,
+               uint64_t wrId);
+// Send-queue entries beyond QpParams::sendDepth for window binds (the
+// slots' window, and the one-shot board's on the first queue pair), which
+// the transport does not count among its writes.
+constexpr uint32_t kBindEntries = 2;
+
 // An RC QP on pd whose send and receive completions go to cq.
 QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params);
 // State transitions with the attributes rdma_cm computed for id (port, P_Key,

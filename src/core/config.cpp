@@ -58,6 +58,10 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_QPS_PER_PEER", Int, "1", "",
     "reliable-connected queue pairs per peer; collective chunks are striped over them (point-to-point "
     "messages keep to the first)", 1, 16},
+  OptionSpec{"RDMACC_MEMORY_WINDOWS", Bool, "1", "",
+    "RDMA: a peer writes this rank's slots (and one-shot board) through a memory window of type 2 bound to its own queue pairs, so an rkey "
+    "another peer leaks is useless to it (docs/security.md); devices without type-2 windows, or 0, use a registration per peer, whose rkey "
+    "any queue pair of the group could use", 0, 0},
   OptionSpec{"RDMACC_QP_SEND_DEPTH", Int, "256", "WRs",
     "send queue depth of each queue pair", 16, 16384},
   OptionSpec{"RDMACC_QP_RECV_DEPTH", Int, "256", "WRs",

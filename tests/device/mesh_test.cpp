@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -27,6 +28,7 @@
 #include "src/transport/rdma/mesh.hpp"
 #include "src/transport/rdma/transport.hpp"
 #include "src/transport/rdma/wr_id.hpp"
+#include "src/transport/wire.hpp"
 #include "verbs/error.hpp"
 
 namespace rdmacc {
@@ -337,12 +339,17 @@ TEST(InProcess, LateConnectionAfterFormationIsRejectedOnBothSides) {
 
 // What a peer can reach of our memory (docs/security.md): its own slots, by
 // writing. A READ of them fails (nothing is registered for remote reads),
-// and a write into another peer's slots with its own rkey fails (one
+// a write into another peer's slots with its own rkey fails (one
 // registration and rkey per peer; there used to be one for the whole
-// region): the NIC checks, whatever the peer's code does.
-TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
+// region), and so does a write with the other peer's rkey, which it can
+// read in the store, through its own queue pair (a memory window bound to
+// the other peer's queue pair; with one protection domain and no windows
+// that rkey was good on every queue pair and the write landed, as it still
+// does with RDMACC_MEMORY_WINDOWS=0: the second case): the NIC checks,
+// whatever the peer's code does.
+void peerAccessCase(bool windows) {
   HashStore store(20s);
-  constexpr int kSize = 3;
+  constexpr int kSize = 4;
   constexpr int kSlots = 4;
   constexpr size_t kSlotBytes4k = 4096;
   std::vector<std::unique_ptr<Mesh>> meshes(kSize);
@@ -352,8 +359,11 @@ TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
   for (int r = 0; r < kSize; ++r) {
     threads.emplace_back([&, r] {
       try {
-        meshes[static_cast<size_t>(r)] =
-            std::make_unique<Mesh>(store, r, kSize, quickConfig(), MeshOptions{.group = "exposed"});
+        meshes[static_cast<size_t>(r)] = std::make_unique<Mesh>(
+            store, r, kSize, quickConfig({{"RDMACC_MEMORY_WINDOWS", windows ? "1" : "0"}}),
+            MeshOptions{.group = "exposed"});
+        if (meshes[static_cast<size_t>(r)]->windows() != windows)
+          throw std::runtime_error("the device binds no type-2 memory windows");
         transports[static_cast<size_t>(r)] =
             makeRdmaTransport(*meshes[static_cast<size_t>(r)], store,
                               TransportOptions{.group = "exposed",
@@ -392,10 +402,10 @@ TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
   };
   PageBuffer local(4096);
   // Each attempt that fails breaks the attacker's queue pair: rank 1 tries
-  // the slots, rank 2 the board.
+  // the slots, rank 2 the board, rank 3 other peers' rkeys.
   Mesh* attackerMesh = meshes[1].get();
   std::vector<verbs::MrPtr> mrs;
-  for (int r : {1, 2}) {
+  for (int r : {1, 2, 3}) {
     mrs.push_back(verbs::registerMemory(meshes[static_cast<size_t>(r)]->pd(), local.data(),
                                         local.size(), IBV_ACCESS_LOCAL_WRITE));
   }
@@ -428,7 +438,7 @@ TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
   };
   // Rank 0's slots for rank 1 (the first of rank 0's peers): writable, not readable.
   const auto [base0, rkeys0, unused0] = published(0);
-  ASSERT_EQ(rkeys0.size(), 2u);
+  ASSERT_EQ(rkeys0.size(), 3u);
   EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, base0, rkeys0[0]), IBV_WC_SUCCESS);
   // Refused by the peer's queue pair (no remote read access: rxe says
   // "invalid request") or by its memory region (access error).
@@ -438,7 +448,7 @@ TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
   // Rank 2's region: rank 0's slots first, then rank 1's. Rank 1's rkey
   // opens its own slots only.
   const auto [base2, rkeys2, unused2] = published(2);
-  ASSERT_EQ(rkeys2.size(), 2u);
+  ASSERT_EQ(rkeys2.size(), 3u);
   const uint64_t ownAtRank2 = base2 + kSlots * kSlotBytes4k;
   EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, ownAtRank2, rkeys2[1]), IBV_WC_SUCCESS);
   EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, base2, rkeys2[1]),
@@ -448,13 +458,39 @@ TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
   attackerMesh = meshes[2].get();
   mr = &mrs[1];
   const auto [board0, boardKeys0, stride] = published(0, 5);
-  ASSERT_EQ(boardKeys0.size(), 2u);
+  ASSERT_EQ(boardKeys0.size(), 3u);
   ASSERT_GE(stride, 64u);
   EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, board0 + 2 * 2 * stride, boardKeys0[1]),
             IBV_WC_SUCCESS);
   EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, board0 + 1 * 2 * stride, boardKeys0[1]),
             IBV_WC_REM_ACCESS_ERR);
+  // Rank 3 with rkeys rank 1 and rank 2 published for rank 0, through its
+  // own queue pairs: rank 1's slots for rank 0 (the first in its region),
+  // rank 2's board entries for rank 0. Refused; the victims' memory keeps
+  // none of rank 3's bytes. Without windows both land.
+  const ibv_wc_status expected = windows ? IBV_WC_REM_ACCESS_ERR : IBV_WC_SUCCESS;
+  attackerMesh = meshes[3].get();
+  mr = &mrs[2];
+  std::fill_n(local.data(), 64, uint8_t{0xa5});
+  const auto [base1, rkeys1, unused1] = published(1);
+  ASSERT_EQ(rkeys1.size(), 3u);
+  EXPECT_EQ(attempt(attackerMesh->qp(1), IBV_WR_RDMA_WRITE, base1, rkeys1[0]), expected);
+  const uint8_t* slotAtRank1 = transports[1]->payload(0, 0) - wire::kHeaderBytes;
+  EXPECT_EQ(std::count(slotAtRank1, slotAtRank1 + 64, uint8_t{0xa5}), windows ? 0 : 64);
+  const auto [board2, boardKeys2, stride2] = published(2, 5);
+  ASSERT_EQ(boardKeys2.size(), 3u);
+  EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, board2, boardKeys2[0]), expected);
   transports.clear();
+}
+
+TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
+  peerAccessCase(/*windows=*/true);
+}
+
+// The fallback docs/security.md describes for devices without type-2
+// windows: the boundary is the group.
+TEST(InProcess, WithoutWindowsAnotherPeersRkeyOpensItsSlots) {
+  peerAccessCase(/*windows=*/false);
 }
 
 TEST(InProcess, SingleRankGroupNeedsNoPeers) {

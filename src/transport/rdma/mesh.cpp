@@ -147,11 +147,19 @@ void Mesh::open(const Config& config, const MeshOptions& options) {
   context_ = verbs::openDevice(endpoint_.device);
   verbs::makeAsyncNonBlocking(context_.get());  // read by the transport, never blocking
   pd_ = verbs::allocatePd(context_.get());
+  windows_ = config.getBool("RDMACC_MEMORY_WINDOWS") && verbs::supportsBoundWindows(context_.get());
+  if (config.getBool("RDMACC_MEMORY_WINDOWS") && !windows_ && rank_ == 0) {
+    log(LogLevel::Info,
+        "{} binds no memory windows of type 2: a peer that learns the rkey of another peer's "
+        "slots can write them (docs/security.md)",
+        endpoint_.device);
+  }
   // Lazy: room for a few connections, grown as more come (Connector::makeQp).
   int peers = std::max(lazy_ ? std::min(connectedPeers(), 2) : connectedPeers(), 1) * qpsPerPeer_;
   cq_ = std::make_unique<verbs::CompletionQueue>(
       context_.get(),
-      static_cast<int>(static_cast<uint32_t>(peers) * (params_.sendDepth + params_.recvDepth)));
+      static_cast<int>(static_cast<uint32_t>(peers) *
+                       (params_.sendDepth + verbs::kBindEntries + params_.recvDepth)));
   connections_.resize(static_cast<size_t>(size_ * qpsPerPeer_));
   peerAddresses_.resize(size_);
   if (size_ == 1) return;

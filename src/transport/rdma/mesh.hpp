@@ -49,10 +49,26 @@ struct SlotAdvert {
   uint32_t rkey = 0;
 };
 
+// This rank's slots for one peer of a connection made on first use: the
+// advert its hellos carry (rkey: the registration's) and the registration,
+// which a memory window per queue pair covers (Mesh::windows).
+struct SlotRegion {
+  SlotAdvert advert;
+  ibv_mr* mr = nullptr;
+  const uint8_t* addr = nullptr;
+  size_t bytes = 0;
+};
+struct LocalSlots {
+  uint16_t slotsPerPeer = 0;
+  uint32_t slotBytes = 0;
+  std::function<SlotRegion(int peer)> region;  // registered on the first call
+};
+
 // What connecting on first use produced since the last look.
 struct MeshEvents {
-  std::vector<std::pair<int, SlotAdvert>> connected;  // every queue pair up; the peer's slots
-  std::vector<std::pair<int, Error>> failed;          // could not connect
+  // Every queue pair up; the peer's slots as each queue pair's hello gave them.
+  std::vector<std::pair<int, std::vector<SlotAdvert>>> connected;
+  std::vector<std::pair<int, Error>> failed;  // could not connect
   bool any() const { return !connected.empty() || !failed.empty(); }
 };
 
@@ -88,6 +104,9 @@ class Mesh {
   const Endpoint& endpoint() const noexcept { return endpoint_; }
   ibv_context* context() const noexcept { return context_.get(); }
   ibv_pd* pd() const noexcept { return pd_.get(); }
+  // Whether peers' access to this rank's memory goes through memory windows
+  // bound to their own queue pairs (RDMACC_MEMORY_WINDOWS and the device).
+  bool windows() const noexcept { return windows_; }
   verbs::CompletionQueue& cq() noexcept { return *cq_; }
   ibv_qp* qp(int peer, int index = 0) const;
   // The path MTU (bytes) negotiated with peer.
@@ -102,13 +121,17 @@ class Mesh {
   int eventFd() const noexcept;
   std::vector<int> takeDisconnectedPeers();
 
-  // Connecting on first use (MeshOptions::lazy). localSlots(peer) gives
-  // this rank's slots for peer (registered on the first call), sent in the
-  // hello; every peer's are slotsPerPeer of slotBytes (a peer with others
-  // is refused). Set once, before the first connect() or progress().
+  // Connecting on first use (MeshOptions::lazy). The hellos carry this
+  // rank's slots (LocalSlots); every peer's are slotsPerPeer of slotBytes
+  // (a peer with others is refused). Set once, before the first connect()
+  // or progress().
   bool lazy() const noexcept { return lazy_; }
-  void setLocalSlots(uint16_t slotsPerPeer, uint32_t slotBytes,
-                     std::function<SlotAdvert(int)> localSlots);
+  void setLocalSlots(LocalSlots localSlots);
+  // Deallocates the windows over the slots (before their registrations go:
+  // rxe refuses to deregister memory a window is bound to). Lazy: each
+  // queue pair owns its window, deallocated before the queue pair (a window
+  // holds its queue pair, which rxe then takes a minute to destroy).
+  void dropWindows();
   // Starts connecting to peer unless connected, connecting or failed.
   void connect(int peer);
   // Whether every queue pair to peer is up.
@@ -163,6 +186,7 @@ class Mesh {
   std::string secret_;  // keys the hellos' proofs (src/transport/rdma/handshake.hpp)
   std::chrono::milliseconds connectTimeout_{};
   bool lazy_ = false;
+  bool windows_ = false;
   bool connecting_ = false;  // lazy: attempts or retries under way
   std::string group_;
   AllGather allGather_;

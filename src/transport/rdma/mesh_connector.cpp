@@ -31,23 +31,37 @@ SlotAdvert advertOf(const handshake::Hello& h) {
 
 }  // namespace
 
-std::array<uint8_t, handshake::kHelloBytes> Mesh::Connector::hello(int peer, int q,
-                                                                   handshake::Direction direction,
-                                                                   const ibv_qp* qp) const {
-  handshake::Hello h{.qpIndex = static_cast<uint16_t>(q),
+std::array<uint8_t, handshake::kHelloBytes> Mesh::Connector::hello(Attempt& a,
+                                                                   handshake::Direction direction) {
+  handshake::Hello h{.qpIndex = static_cast<uint16_t>(a.qpIndex),
                      .rank = static_cast<uint32_t>(mesh.rank_),
-                     .targetRank = static_cast<uint32_t>(peer),
+                     .targetRank = static_cast<uint32_t>(a.peer),
                      .worldSize = static_cast<uint32_t>(mesh.size_),
                      .activeMtu = static_cast<uint16_t>(mesh.endpoint_.activeMtu)};
   if (mesh.lazy_) {
-    const SlotAdvert mine = localSlots(peer);
-    h.slotsPerPeer = mine.slots;
-    h.slotBytes = mine.slotBytes;
-    h.slotBase = mine.base;
-    h.slotRkey = mine.rkey;
+    a.mine = localSlots.region(a.peer);
+    h.slotsPerPeer = a.mine.advert.slots;
+    h.slotBytes = a.mine.advert.slotBytes;
+    h.slotBase = a.mine.advert.base;
+    h.slotRkey = a.mine.advert.rkey;
+    if (mesh.windows_) {
+      a.window = verbs::allocateWindow(mesh.pd_.get());
+      h.slotRkey = a.window.rkey;
+    }
   }
-  handshake::seal(h, mesh.secret_, direction, qp->qp_num);
+  handshake::seal(h, mesh.secret_, direction, a.qp->qp_num);
   return handshake::encode(h);
+}
+
+void Mesh::Connector::expose(Attempt& a) {
+  if (!a.window.mw) return;
+  const uint64_t wr =
+      pack(WrId{WrKind::Bind, static_cast<uint8_t>(a.qpIndex), static_cast<uint16_t>(a.peer), 0});
+  if (int rc = verbs::bindWindow(a.qp.get(), a.window, a.mine.mr, a.mine.addr, a.mine.bytes, wr);
+      rc != 0) {
+    throw verbs::verbsError("ibv_post_send", rc,
+                            fmt::format("binding a memory window for rank {}", a.peer));
+  }
 }
 
 handshake::Expectation Mesh::Connector::expect(handshake::Direction direction,
@@ -61,8 +75,8 @@ handshake::Expectation Mesh::Connector::expect(handshake::Direction direction,
                            .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
                            .minPeer = static_cast<uint32_t>(minPeer),
                            .maxPeer = static_cast<uint32_t>(maxPeer)};
-  e.slotsPerPeer = slotsPerPeer;
-  e.slotBytes = slotBytes;
+  e.slotsPerPeer = localSlots.slotsPerPeer;
+  e.slotBytes = localSlots.slotBytes;
   return e;
 }
 
@@ -78,8 +92,8 @@ verbs::QpPtr Mesh::Connector::makeQp(rdma_cm_id* id, int peer, int q) {
   if (mesh.lazy_) {  // room in the completion queue for this queue pair's completions
     size_t qps = 1 + attempts.size();
     for (int up : lanesUp) qps += static_cast<size_t>(up);
-    mesh.cq_->reserve(static_cast<int>(
-        std::min<size_t>(qps * (mesh.params_.sendDepth + mesh.params_.recvDepth), INT32_MAX)));
+    mesh.cq_->reserve(static_cast<int>(std::min<size_t>(
+        qps * (mesh.params_.sendDepth + verbs::kBindEntries + mesh.params_.recvDepth), INT32_MAX)));
   }
   auto qp = verbs::createRcQp(mesh.pd_.get(), mesh.cq_->get(), mesh.params_);
   verbs::moveToInit(qp.get(), id);
@@ -94,6 +108,7 @@ void Mesh::Connector::finish(Attempt& a) {
   auto c = std::make_unique<Connection>();
   c->id = std::move(a.id);
   c->qp = std::move(a.qp);
+  c->window = std::move(a.window);
   c->pathMtu = a.pathMtu;
   c->remote = a.remote;
   slot(a.peer, a.qpIndex) = c.get();
@@ -104,7 +119,9 @@ void Mesh::Connector::finish(Attempt& a) {
   if (!mesh.lazy_) return;
   if (++lanesUp[static_cast<size_t>(a.peer)] == mesh.qpsPerPeer_) {
     giveUpAt[static_cast<size_t>(a.peer)] = {};
-    out.connected.emplace_back(a.peer, slot(a.peer, 0)->remote);
+    std::vector<SlotAdvert> lanes;
+    for (int q = 0; q < mesh.qpsPerPeer_; ++q) lanes.push_back(slot(a.peer, q)->remote);
+    out.connected.emplace_back(a.peer, std::move(lanes));
   }
 }
 
@@ -168,7 +185,8 @@ void Mesh::Connector::onConnectRequest(rdma_cm_event* event, std::vector<verbs::
   a.pathMtu = verbs::mtuBytes(params.pathMtu);
   verbs::moveToRtr(a.qp.get(), a.id.get(), params);
   verbs::moveToRts(a.qp.get(), a.id.get(), params);
-  auto mine = hello(peer, q, handshake::Direction::Reply, a.qp.get());
+  auto mine = hello(a, handshake::Direction::Reply);
+  expose(a);  // writable before the reply leaves: the peer may write once it has it
   verbs::accept(a.id.get(), {.privateData = mine,
                              .qpNum = a.qp->qp_num,
                              .retryCount = params.retryCount,
@@ -200,6 +218,9 @@ void Mesh::Connector::onConnectResponse(Attempt& a, rdma_cm_event* event) {
   a.pathMtu = verbs::mtuBytes(params.pathMtu);
   verbs::moveToRtr(a.qp.get(), a.id.get(), params);
   verbs::moveToRts(a.qp.get(), a.id.get(), params);
+  // The bind is posted before the RTU, and the passive side writes only
+  // after the RTU (or a message of ours) reached it.
+  expose(a);
   verbs::establish(a.id.get());
   finish(a);
 }
@@ -250,7 +271,7 @@ void Mesh::Connector::onActiveEvent(Attempt& a, rdma_cm_event* event, bool& drop
       break;
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
       a.qp = makeQp(a.id.get(), a.peer, a.qpIndex);
-      auto mine = hello(a.peer, a.qpIndex, handshake::Direction::Request, a.qp.get());
+      auto mine = hello(a, handshake::Direction::Request);
       verbs::connect(a.id.get(), {.privateData = mine,
                                   .qpNum = a.qp->qp_num,
                                   .retryCount = mesh.params_.retryCount,

@@ -29,6 +29,8 @@ struct Mesh::Connector {
     int qpIndex;
     verbs::CmIdPtr id;
     verbs::QpPtr qp;
+    verbs::Window window;  // see Connection::window
+    SlotRegion mine;       // lazy: what our hello gave
     int pathMtu = 0;
     SlotAdvert remote;
   };
@@ -47,9 +49,7 @@ struct Mesh::Connector {
   std::vector<int> lanesUp;
   std::vector<bool> failed;
   std::vector<std::string> lastProblem;
-  std::function<SlotAdvert(int)> localSlots;
-  uint16_t slotsPerPeer = 0;  // lazy: every peer's slots are alike
-  uint32_t slotBytes = 0;
+  LocalSlots localSlots;  // lazy: every peer's slots are alike
   MeshEvents out;
   std::vector<int> disconnected;
   // Eager: looking up the lower ranks' addresses (mesh_eager.cpp).
@@ -65,8 +65,11 @@ struct Mesh::Connector {
   void noteConnecting() { mesh.connecting_ = !attempts.empty() || !retries.empty(); }
 
   // The handshake, both roles (mesh_connector.cpp).
-  std::array<uint8_t, handshake::kHelloBytes> hello(int peer, int q, handshake::Direction direction,
-                                                    const ibv_qp* qp) const;
+  // The hello on a's queue pair (lazy: with our slots, and with windows a
+  // new window's rkey); expose binds that window once the queue pair can
+  // send, before the peer can write.
+  std::array<uint8_t, handshake::kHelloBytes> hello(Attempt& a, handshake::Direction direction);
+  void expose(Attempt& a);
   handshake::Expectation expect(handshake::Direction direction, const rdma_cm_event* event,
                                 int minPeer, int maxPeer) const;
   verbs::QpParams paramsFor(int remoteMtu) const;

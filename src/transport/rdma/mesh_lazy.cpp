@@ -147,12 +147,17 @@ void Mesh::startConnector(std::vector<std::optional<std::pair<std::string, uint1
   connector_->lastProblem.assign(n, std::string());
 }
 
-void Mesh::setLocalSlots(uint16_t slotsPerPeer, uint32_t slotBytes,
-                         std::function<SlotAdvert(int)> localSlots) {
-  if (!connector_) return;
-  connector_->slotsPerPeer = slotsPerPeer;
-  connector_->slotBytes = slotBytes;
-  connector_->localSlots = std::move(localSlots);
+void Mesh::setLocalSlots(LocalSlots localSlots) {
+  if (connector_) connector_->localSlots = std::move(localSlots);
+}
+
+void Mesh::dropWindows() {
+  for (auto& c : connections_) {
+    if (c) c->window = {};
+  }
+  if (connector_) {
+    for (auto& [id, a] : connector_->attempts) a.window = {};
+  }
 }
 
 void Mesh::connect(int peer) {

@@ -67,8 +67,9 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& o
                               slotBytes_),
                   "lower RDMACC_SLOTS_PER_PEER or RDMACC_SLOT_BYTES, or set RDMACC_CONNECT=eager");
     }
-    mesh.setLocalSlots(static_cast<uint16_t>(slotsPerPeer_), static_cast<uint32_t>(slotBytes_),
-                       [this](int rank) { return localSlots(rank); });
+    mesh.setLocalSlots({.slotsPerPeer = static_cast<uint16_t>(slotsPerPeer_),
+                        .slotBytes = static_cast<uint32_t>(slotBytes_),
+                        .region = [this](int rank) { return localSlots(rank); }});
     return;
   }
   // A group of one has no peers; its regions are a token slot.
@@ -88,46 +89,83 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& o
   connect(store, options.allGather, options.group, options.rdmaOneShotBytes);
 }
 
-SlotAdvert RdmaTransport::localSlots(int rank) {
+// The access mesh_ gives peers to this rank's memory: through windows, or
+// each peer's own registration.
+static int remoteAccess(const Mesh& mesh) {
+  return mesh.windows() ? verbs::kWindowedAccess : verbs::kRemoteWriteAccess;
+}
+
+uint32_t RdmaTransport::exposeTo(int rank, ibv_qp* qp, ibv_mr* mr, const uint8_t* addr,
+                                 size_t bytes) {
+  if (!mesh_.windows()) return mr->rkey;
+  windows_.push_back(verbs::allocateWindow(mesh_.pd()));
+  const uint64_t wrId = pack(WrId{WrKind::Bind, 0, static_cast<uint16_t>(rank), 0});
+  if (int rc = verbs::bindWindow(qp, windows_.back(), mr, addr, bytes, wrId); rc != 0) {
+    throw verbs::verbsError("ibv_post_send", rc,
+                            fmt::format("binding a memory window for rank {}", rank));
+  }
+  return windows_.back().rkey;
+}
+
+SlotRegion RdmaTransport::localSlots(int rank) {
   PeerState& p = peer(rank);
   const size_t bytes = static_cast<size_t>(slotsPerPeer_) * slotBytes_;
   if (!p.recvMr) {
     p.recv = PageBuffer(bytes);
     p.staging = PageBuffer(bytes);
-    // Its own registration: the rkey lets this peer write its slots, nothing else.
-    p.recvMr = verbs::registerMemory(mesh_.pd(), p.recv.data(), bytes, verbs::kRemoteWriteAccess);
+    // Its own registration: the rkey (or its windows') lets this peer write
+    // its slots, nothing else.
+    p.recvMr = verbs::registerMemory(mesh_.pd(), p.recv.data(), bytes, remoteAccess(mesh_));
     p.stagingMr =
         verbs::registerMemory(mesh_.pd(), p.staging.data(), bytes, IBV_ACCESS_LOCAL_WRITE);
     p.recvBase = p.recv.data();
     p.stagingBase = p.staging.data();
     p.stagingLkey = p.stagingMr->lkey;
   }
-  return {.slots = static_cast<uint16_t>(slotsPerPeer_),
-          .slotBytes = static_cast<uint32_t>(slotBytes_),
-          .base = reinterpret_cast<uintptr_t>(p.recv.data()),
-          .rkey = p.recvMr->rkey};
+  return {.advert = {.slots = static_cast<uint16_t>(slotsPerPeer_),
+                     .slotBytes = static_cast<uint32_t>(slotBytes_),
+                     .base = reinterpret_cast<uintptr_t>(p.recv.data()),
+                     .rkey = p.recvMr->rkey},
+          .mr = p.recvMr.get(),
+          .addr = p.recv.data(),
+          .bytes = bytes};
 }
 
 void RdmaTransport::takeConnectionEvents() {
   if (!mesh_.lazy()) return;
   MeshEvents events = mesh_.progressConnections();
-  for (const auto& [rank, remote] : events.connected) {
-    // The handshake checked the geometry; the base is the peer's to choose.
-    attach(rank, remote.base, remote.rkey);
+  for (const auto& [rank, lanes] : events.connected) {
+    // The handshake checked the geometry; the base is the peer's to choose,
+    // one for all queue pairs.
+    std::vector<uint32_t> rkeys;
+    for (const SlotAdvert& lane : lanes) {
+      if (lane.base != lanes.front().base) {
+        asyncFailures_.emplace_back(
+            rank, Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                                  .message = fmt::format("rank {} gave its queue pairs different "
+                                                         "slot regions ({:#x} and {:#x})",
+                                                         rank, lanes.front().base, lane.base),
+                                  .peerRank = rank}));
+        break;
+      }
+      rkeys.push_back(lane.rkey);
+    }
+    if (rkeys.size() != lanes.size()) continue;
+    attach(rank, lanes.front().base, rkeys);
     log(LogLevel::Debug, "rank {}: connected to rank {} on first use", rank_, rank);
   }
   for (auto& [rank, error] : events.failed) asyncFailures_.emplace_back(rank, std::move(error));
 }
 
-void RdmaTransport::attach(int rank, uint64_t remoteBase, uint32_t rkey) {
+void RdmaTransport::attach(int rank, uint64_t remoteBase, const std::vector<uint32_t>& laneRkeys) {
   PeerState& p = peer(rank);
   p.lanes.resize(static_cast<size_t>(mesh_.qpsPerPeer()));
   for (size_t i = 0; i < p.lanes.size(); ++i) {
     p.lanes[i].qp = mesh_.qp(rank, static_cast<int>(i));
     p.lanes[i].maxInline = verbs::maxInlineData(p.lanes[i].qp);
+    p.lanes[i].rkey = laneRkeys.at(i);
   }
   p.remoteBase = remoteBase;
-  p.rkey = rkey;
   p.window = SlotWindow(slotsPerPeer_);
   p.freeStaging.clear();
   for (int i = 0; i < slotsPerPeer_; ++i) p.freeStaging.push_back(slotsPerPeer_ - 1 - i);
@@ -152,19 +190,28 @@ static size_t boardBytesOffered(const Mesh& mesh, size_t wanted) {
   return std::min(wanted, board_words::maxPayload(inlineBytes));
 }
 
-// Publishes "base:slots:slotBytes:rkey,...:boardBytes:boardBase:boardStride:rkey,..."
-// (one rkey per peer, in rank order without this rank) and sets up every
-// peer from what it published. The board exists when every rank offers one
-// (its size: the smallest offered).
+// Publishes "base:slots:slotBytes:rkeys,...:boardBytes:boardBase:boardStride:rkey,..."
+// (per peer, in rank order without this rank: its slots' rkey for each of
+// its queue pairs, "/"-separated, and its board entries' rkey for the
+// first) and sets up every peer from what it published. The board exists
+// when every rank offers one (its size: the smallest offered).
 void RdmaTransport::connect(Store& store, const AllGather& allGather, const std::string& groupName,
                             size_t boardBytes) {
   const size_t perPeer = static_cast<size_t>(slotsPerPeer_) * slotBytes_;
   std::string rkeys;
+  // A peer reached through shared memory has no queue pair: rkey 0.
+  auto exposed = [&](int p, int lane, ibv_mr* mr, const uint8_t* addr, size_t bytes) {
+    return mesh_.connects(p) ? exposeTo(p, mesh_.qp(p, lane), mr, addr, bytes) : 0u;
+  };
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    recvMrs_.push_back(verbs::registerMemory(mesh_.pd(), recvRegion_.data() + slotOffset(p, 0),
-                                             perPeer, verbs::kRemoteWriteAccess));
-    rkeys += fmt::format("{}{}", rkeys.empty() ? "" : ",", recvMrs_.back()->rkey);
+    uint8_t* slots = recvRegion_.data() + slotOffset(p, 0);
+    recvMrs_.push_back(verbs::registerMemory(mesh_.pd(), slots, perPeer, remoteAccess(mesh_)));
+    rkeys += rkeys.empty() ? "" : ",";
+    for (int lane = 0; lane < mesh_.qpsPerPeer(); ++lane) {
+      rkeys += fmt::format("{}{}", lane == 0 ? "" : "/",
+                           exposed(p, lane, recvMrs_.back().get(), slots, perPeer));
+    }
   }
   boardBytes = boardBytesOffered(mesh_, boardBytes);
   std::string boardRkeys;
@@ -174,10 +221,11 @@ void RdmaTransport::connect(Store& store, const AllGather& allGather, const std:
     boardRegion_ = PageBuffer(static_cast<size_t>(size_) * perSource);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
-      boardMrs_.push_back(verbs::registerMemory(
-          mesh_.pd(), boardRegion_.data() + static_cast<size_t>(p) * perSource, perSource,
-          verbs::kRemoteWriteAccess));
-      boardRkeys += fmt::format("{}{}", boardRkeys.empty() ? "" : ",", boardMrs_.back()->rkey);
+      uint8_t* entries = boardRegion_.data() + static_cast<size_t>(p) * perSource;
+      boardMrs_.push_back(
+          verbs::registerMemory(mesh_.pd(), entries, perSource, remoteAccess(mesh_)));
+      boardRkeys += fmt::format("{}{}", boardRkeys.empty() ? "" : ",",
+                                exposed(p, 0, boardMrs_.back().get(), entries, perSource));
     }
   }
   size_t groupBoard = boardBytes;
@@ -218,7 +266,17 @@ void RdmaTransport::connect(Store& store, const AllGather& allGather, const std:
       throw Error(ErrorKind::Protocol, fmt::format("rank {} published {} rkeys for a group of {}",
                                                    rank, peerRkeys.size(), size_));
     }
-    const auto rkey = static_cast<uint32_t>(storeNumber(peerRkeys[mine], UINT32_MAX, key));
+    std::vector<uint32_t> laneRkeys;
+    for (const auto& lane : splitFields(peerRkeys[mine], '/'))
+      laneRkeys.push_back(static_cast<uint32_t>(storeNumber(lane, UINT32_MAX, key)));
+    if (laneRkeys.size() != static_cast<size_t>(mesh_.qpsPerPeer())) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank {} published {} rkeys for this rank's {} queue pairs", rank,
+                                 laneRkeys.size(), mesh_.qpsPerPeer()),
+          .peerRank = rank,
+          .hint = "set RDMACC_QPS_PER_PEER the same on every rank"});
+    }
     // The peer's board: our entries there, if it has one.
     const size_t peerBoard = storeNumber(fields[4], 1u << 20, key);
     groupBoard = std::min(groupBoard, peerBoard);
@@ -245,7 +303,7 @@ void RdmaTransport::connect(Store& store, const AllGather& allGather, const std:
     }
     // Peers reached through shared memory have no queue pairs (no lanes).
     if (mesh_.connects(rank))
-      attach(rank, base + mine * static_cast<uint64_t>(slots) * slotBytes, rkey);
+      attach(rank, base + mine * static_cast<uint64_t>(slots) * slotBytes, laneRkeys);
   }
   setUpBoard(groupBoard);
 }

@@ -98,7 +98,7 @@ bool RdmaTransport::trySend(int to, const Header& header, const uint8_t* data,
       .lkey = p.stagingLkey,
       .length = static_cast<uint32_t>(kHeaderBytes + (registration || direct ? 0 : header.payload)),
       .remoteAddr = p.remoteBase + static_cast<uint64_t>(remote) * slotBytes_,
-      .rkey = p.rkey,
+      .rkey = lane.rkey,
       .imm = static_cast<uint32_t>(remote)};
   // Small messages go inline: the provider copies them into the work
   // request, so the staging slot is free again as soon as the post returns
@@ -164,7 +164,7 @@ void RdmaTransport::postControl(int to, size_t laneIndex, ControlTag tag,
   verbs::WriteRequest w{.wrId = pack(WrId{WrKind::Control, static_cast<uint8_t>(laneIndex),
                                           static_cast<uint16_t>(to), static_cast<uint32_t>(tag)}),
                         .remoteAddr = p.remoteBase,
-                        .rkey = p.rkey,
+                        .rkey = lane.rkey,
                         .imm = imm,
                         .signaled = signaled};
   if (int rc = verbs::postWrite(lane.qp, w); rc != 0) {
@@ -202,6 +202,13 @@ bool RdmaTransport::poll(TransportSink& sink) {
       log(LogLevel::Trace, "wc kind {} peer {} tag {} status {} opcode {}",
           static_cast<int>(id.kind), from, id.tag, static_cast<int>(wc.status),
           static_cast<int>(wc.opcode));
+    }
+    if (id.kind == WrKind::Bind) {  // a memory window over our slots: not a write
+      if (wc.status != IBV_WC_SUCCESS) {
+        sink.failed(from, verbs::completionError(wc, from, mesh_.peerAddress(from),
+                                                 "binding a memory window for it"));
+      }
+      continue;
     }
     if (wc.status != IBV_WC_SUCCESS) {
       const char* what = id.kind == WrKind::Recv ? "a receive" : "an RDMA write";

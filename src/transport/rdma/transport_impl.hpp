@@ -46,6 +46,7 @@ struct SlotWrite {
 struct Lane {
   ibv_qp* qp = nullptr;
   uint32_t maxInline = 0;  // what the device granted: messages this small go inline
+  uint32_t rkey = 0;       // the peer's slots for this rank, as this queue pair writes them
   struct Posted {
     int staging = -1;  // -1: no staging slot (credits, fences)
     bool signaled = false;
@@ -68,8 +69,7 @@ struct PeerState {
   // point-to-point messages, credits and aborts keep to lane 0 and its order.
   std::vector<Lane> lanes;
   size_t nextLane = 0;
-  uint64_t remoteBase = 0;  // where this rank's slots start in the peer's region
-  uint32_t rkey = 0;
+  uint64_t remoteBase = 0;            // where this rank's slots start in the peer's region
   SlotWindow window;                  // credits, held slots, arrival checks
   std::vector<int> freeStaging;       // our staging slots for this peer
   std::vector<SlotWrite> slotWrites;  // by staging slot: zero-copy payloads in flight
@@ -95,6 +95,9 @@ inline constexpr size_t kBoardEntries = 2;
 class RdmaTransport final : public Transport, public Board {
  public:
   RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& options);
+  ~RdmaTransport() override { mesh_.dropWindows(); }
+  RdmaTransport(const RdmaTransport&) = delete;
+  RdmaTransport& operator=(const RdmaTransport&) = delete;
 
   size_t chunkBytes() const noexcept override { return chunk_; }
   int slotsPerPeer() const noexcept override { return slotsPerPeer_; }
@@ -180,11 +183,15 @@ class RdmaTransport final : public Transport, public Board {
   void connect(Store& store, const AllGather& allGather, const std::string& group,
                size_t boardBytes);
   // A peer's lanes, credits and staging once its queue pairs are up.
-  void attach(int rank, uint64_t remoteBase, uint32_t rkey);
+  void attach(int rank, uint64_t remoteBase, const std::vector<uint32_t>& laneRkeys);
   // Connecting on first use (Mesh::lazy): this rank's slots for a peer,
-  // registered on the first call; connections that came up are attached,
-  // those that failed reported with the async failures.
-  SlotAdvert localSlots(int rank);
+  // registered on the first call (the mesh binds a window per queue pair
+  // over them); connections that came up are attached, those that failed
+  // reported with the async failures.
+  SlotRegion localSlots(int rank);
+  // Eager: the rkey for writes through qp (to rank) into [addr, addr +
+  // bytes) of mr: a window's bound to qp (Mesh::windows), or else mr's.
+  uint32_t exposeTo(int rank, ibv_qp* qp, ibv_mr* mr, const uint8_t* addr, size_t bytes);
   void takeConnectionEvents();
   int signalRun() const { return std::max(1, slotsPerPeer_ / 4); }
   bool mustSignal(const PeerState& p, const Lane& lane, bool usesStaging) const;
@@ -262,6 +269,12 @@ class RdmaTransport final : public Transport, public Board {
   ByRank<uint8_t> boardHave_;     // by rank: decoded for the open operation
   bool boardWaits_ = false;
   std::chrono::microseconds boardSleep_{0};
+
+  // Eager: memory windows over the slots and board entries, each bound to
+  // the queue pair of the peer it serves. Last: deallocated before the
+  // registrations they cover (recvMrs_, boardMrs_), and the mesh's queue
+  // pairs outlive the transport. (Lazy: the mesh's connections own them.)
+  std::vector<verbs::Window> windows_;
 };
 
 }  // namespace rdmacc::rdma

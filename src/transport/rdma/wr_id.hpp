@@ -6,7 +6,7 @@
 
 namespace rdmacc {
 
-enum class WrKind : uint8_t { Recv = 1, Write = 2, WriteImm = 3, Control = 4 };
+enum class WrKind : uint8_t { Recv = 1, Write = 2, WriteImm = 3, Control = 4, Bind = 5 };
 
 // The tag of a Control write: what it was posted for (logs and traces read it).
 enum class ControlTag : uint32_t { Credits = 0, Probe = 1, Board = 2, Flush = 3 };
