@@ -164,13 +164,14 @@ VerbsBackend::Impl::Placement VerbsBackend::Impl::placePeers(const Options& opti
   // The shared-memory segment's name is drawn now and travels with the
   // host record too.
   p.segment = newSegmentName();
+  p.segmentFile = std::make_shared<net::Fd>(createSegmentFile(p.segment));
   std::vector<std::vector<std::string>> carried;
   hosts = algorithms::Hosts(hostNumbers(
       *store, options.allGather, group, rank, size,
       hostIdentity(config.getString("RDMACC_HOST_ID")),
       fmt::format("RDMACC_TRANSPORT={} RDMACC_IB_RAILS={} RDMACC_CONNECT={}", transport,
                   config.getInt("RDMACC_IB_RAILS"), lazyConnections() ? "lazy" : "eager"),
-      {fmt::format("{}:{}", p.segment, ::getpid()), rdmaRecord.empty() ? "-" : rdmaRecord},
+      {segmentRecord(p.segment, p.segmentFile->get()), rdmaRecord.empty() ? "-" : rdmaRecord},
       &carried));
   for (const auto& lines : carried) p.shmRecords.push_back(lines[0]);
   p.shm.assign(static_cast<size_t>(size), false);
@@ -266,6 +267,7 @@ void VerbsBackend::Impl::startEngine(const Options& options, const Placement& pl
               .allGather = options.allGather,
               .connectTimeout = config.getDuration("RDMACC_CONNECT_TIMEOUT"),
               .shmSegment = placement.segment,
+              .shmSegmentFile = placement.segmentFile,
               .shmRecords = placement.shmRecords,
               .slotsPerPeer = static_cast<int>(config.getInt("RDMACC_SLOTS_PER_PEER")),
               .slotBytes = static_cast<size_t>(config.getInt("RDMACC_SLOT_BYTES")),

@@ -24,6 +24,7 @@
 #include "src/engine/event_trace.hpp"
 #include "src/reduce/reduce.hpp"
 #include "src/schedule/algorithms/algorithms.hpp"
+#include "src/store/socket.hpp"
 #include "src/store/store_util.hpp"
 #include "src/transport/rdma/mesh.hpp"
 #include "src/transport/registration_cache.hpp"
@@ -101,8 +102,9 @@ struct VerbsBackend::Impl {
   struct Placement {
     std::vector<bool> shm;  // by rank: a peer on this host, through shared memory
     size_t rdmaPeers = 0;
-    std::string segment;                  // this rank's segment name
-    std::vector<std::string> shmRecords;  // every rank's "name:pid", by rank
+    std::string segment;                   // this rank's segment name
+    std::shared_ptr<net::Fd> segmentFile;  // and its file (shm/transport.hpp)
+    std::vector<std::string> shmRecords;   // every rank's "name:pid:fd", by rank
   };
   Placement placePeers(const Options& options);
   bool lazyConnections() const;

@@ -1,7 +1,8 @@
 // Which ranks of a group share a host, in the sense that matters for shared
 // memory: the same running kernel (boot id), the same mount namespace
-// (/dev/shm), network namespace (the abstract wake-up sockets) and pid
-// namespace (watching a peer's process). Every rank publishes its identity
+// (the wake-up sockets' directory in /tmp), network namespace and pid
+// namespace (a peer's segment is opened through /proc/PID/fd, its process
+// watched). Every rank publishes its identity
 // and reads the others' (through the launcher's exchange, or the store).
 #pragma once
 
@@ -33,7 +34,8 @@ std::string hostIdentity(const std::string& override);
 constexpr size_t kCarriedLineBytes = 512;
 std::vector<int> hostNumbers(Store& store, const AllGather& allGather, const std::string& group,
                              int rank, int size, const std::string& identity,
-                             const std::string& agreed, const std::vector<std::string>& carried = {},
+                             const std::string& agreed,
+                             const std::vector<std::string>& carried = {},
                              std::vector<std::vector<std::string>>* carriedRecords = nullptr);
 
 }  // namespace rdmacc

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@
 namespace rdmacc {
 
 class RegistrationCache;
+namespace net {
+class Fd;
+}
 
 struct TransportOptions {
   std::string group;
@@ -29,10 +33,12 @@ struct TransportOptions {
   // How long formation waits for a peer (RDMACC_CONNECT_TIMEOUT): e.g. for
   // every local peer to map this rank's shared-memory segment.
   std::chrono::milliseconds connectTimeout{60'000};
-  // Shared memory: this rank's segment name (newSegmentName) and, by rank,
-  // every rank's "name:pid", when the backend exchanged them with the host
-  // records; empty: the transport draws a name and exchanges them itself.
+  // Shared memory: this rank's segment name (newSegmentName), its file
+  // (createSegmentFile) and, by rank, every rank's "name:pid:fd", when the
+  // backend exchanged them with the host records; empty: the transport
+  // makes its own and exchanges them itself.
   std::string shmSegment;
+  std::shared_ptr<net::Fd> shmSegmentFile;
   std::vector<std::string> shmRecords;
   int slotsPerPeer = 16;
   // 0: autoSlotBytes(world size, slotsPerPeer) (transport/rdma/transport.hpp).

@@ -99,49 +99,39 @@ ShmTransport::ShmTransport(Store& store, const TransportOptions& options,
         static_cast<uint32_t>(roundUp(kBoardEntryHead + options.shmOneShotBytes, 64));
     oneShotBytes_ = options.shmOneShotBytes;
   }
-  create(options.shmSegment);
-  try {
-    attach(store, options);
-  } catch (...) {
-    // A constructor that throws runs no destructor: without this, a peer that
-    // never arrived would leave our segment in /dev/shm.
-    if (!unlinked_) ::shm_unlink(name_.c_str());
-    unlinked_ = true;
-    throw;
-  }
+  create(options.shmSegment, options.shmSegmentFile);
+  attach(store, options);
 }
 
-// Our segment: created exclusive, 0600, its memory reserved now (so a full
-// /dev/shm fails here with a clear error instead of SIGBUS later).
-void ShmTransport::create(const std::string& name) {
-  std::random_device random;
+// Our segment: a memfd of this user's, 0600, its memory reserved now (so
+// too little memory fails here with a clear error instead of SIGBUS
+// later), then sealed: neither we nor a peer can shrink it under the
+// others' mappings (which would make their next access fault) or grow it.
+void ShmTransport::create(const std::string& name, std::shared_ptr<net::Fd> file) {
   name_ = name.empty() ? newSegmentName() : name;
   if (!validSegmentName(name_)) {
     throw Error(ErrorKind::InvalidArgument,
                 fmt::format("'{}' is no segment name of rdmacc's", name_));
   }
+  file_ = file ? std::move(file) : std::make_shared<net::Fd>(createSegmentFile(name_));
+  const int fd = file_->get();
   const size_t bytes = geometry_.totalBytes();
-  net::Fd fd(::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  if (!fd) throw shmError("shm_open", errno, fmt::format("creating {}", name_), "");
-  unlinked_ = false;
   // The size first (at once), so that peers can map the head and wait on
   // it while the memory is reserved.
-  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
-    const int error = errno;
-    ::shm_unlink(name_.c_str());
-    unlinked_ = true;
-    throw shmError("ftruncate", error, fmt::format("sizing {}", name_), "");
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    throw shmError("ftruncate", errno, fmt::format("sizing {}", name_), "");
   }
-  if (int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes)); rc != 0) {
-    ::shm_unlink(name_.c_str());
-    unlinked_ = true;
+  if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
     throw shmError("posix_fallocate", rc,
                    fmt::format("reserving {} MiB of shared memory for {} local peer(s)",
                                (bytes + (1u << 20) - 1) >> 20, geometry_.lanes),
-                   "/dev/shm is too small (containers: docker --shm-size, or a larger tmpfs), "
-                   "or lower RDMACC_SLOTS_PER_PEER / RDMACC_SLOT_BYTES");
+                   "the host (or the container's memory limit) has too little memory for the "
+                   "segments: lower RDMACC_SLOTS_PER_PEER / RDMACC_SLOT_BYTES");
   }
-  mine_ = mapSegment(fd.get(), bytes, name_);
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    throw shmError("fcntl(F_ADD_SEALS)", errno, fmt::format("sealing {}", name_), "");
+  }
+  mine_ = mapSegment(fd, bytes, name_);
   head_ = new (mine_.get()) SegmentHead{};
   head_->lanes = geometry_.lanes;
   head_->slots = geometry_.slots;
@@ -153,6 +143,7 @@ void ShmTransport::create(const std::string& name) {
                   ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0U, 0) == 0;
   head_->sleepBarrier = sleepBarrier_ ? 1 : 0;
   head_->base = reinterpret_cast<uintptr_t>(mine_.get());
+  std::random_device random;
   head_->nonce = (uint64_t{random()} << 32 | random()) | 1;
   for (uint32_t lane = 0; lane < geometry_.lanes; ++lane) {
     new (mine_.get() + geometry_.laneOffset(lane)) RingHead{};
@@ -186,7 +177,7 @@ void ShmTransport::create(const std::string& name) {
 // Learns every local peer's "name:pid" (from the host records the backend
 // passed, or through its own exchange), maps each peer's segment once its
 // owner built it (checking what it built against what this rank expects),
-// and unlinks ours once every local peer mapped it.
+// and closes our file once every local peer mapped it.
 void ShmTransport::attach(Store& store, const TransportOptions& options) {
   // Our lane in a peer's segment: our index among its carried peers.
   auto laneIn = [&](int owner, int sender) {
@@ -205,19 +196,19 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
   std::vector<Bytes> records;
   if (options.shmRecords.empty()) {
     records = exchangeRecords(store, options.allGather, prefix, rank_,
-                              toBytes(fmt::format("{}:{}", name_, ::getpid())), local, carried);
+                              toBytes(segmentRecord(name_, file_->get())), local, carried);
   } else {
     for (int rank : carried) records.push_back(toBytes(options.shmRecords.at(idx(rank))));
   }
   size_t record = 0;
-  std::vector<std::string> names(static_cast<size_t>(size_));
+  std::vector<std::string> names(static_cast<size_t>(size_)), paths(static_cast<size_t>(size_));
   for (int rank = 0; rank < size_; ++rank) {
     Peer& p = peers_[rank];
     if (!p.carried) continue;
     const std::string key = fmt::format("{}/{}", prefix, rank);
     const std::string text = toString(records[record++]);
     const auto fields = splitFields(text, ':');
-    if (fields.size() != 2 || !validSegmentName(fields[0])) {
+    if (fields.size() != 3 || !validSegmentName(fields[0])) {
       throw Error(ErrorInfo{
           .kind = ErrorKind::Protocol,
           .message = fmt::format("rank {} published malformed shared-memory information '{}'", rank,
@@ -226,11 +217,12 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
     }
     names[idx(rank)] = fields[0];
     p.pid = static_cast<int>(storeNumber(fields[1], INT32_MAX, key));
+    paths[idx(rank)] = fmt::format("/proc/{}/fd/{}", p.pid, storeNumber(fields[2], INT32_MAX, key));
     p.address = fmt::format("pid {} on this host", p.pid);
     p.pidfd = net::Fd(pidfdOpen(p.pid));
   }
   // Every peer's segment in rank order, each waited for in turn. Until it
-  // exists: one shm_open per pause, the pause growing to 5 ms (a host of
+  // exists: one open per pause, the pause growing to 5 ms (a host of
   // hundreds of ranks on a few CPUs must not spend them polling); once it
   // is mapped, asleep on its `built` word until the owner wakes us. Whether
   // the owner still lives is asked every 100 ms.
@@ -239,7 +231,7 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
     Peer& p = peers_[rank];
     auto pause = std::chrono::microseconds(50);
     auto nextExitCheck = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-    while (!tryMapPeerSegment(rank, p, names[idx(rank)])) {
+    while (!tryMapPeerSegment(rank, p, paths[idx(rank)])) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= nextExitCheck) {
         nextExitCheck = now + std::chrono::milliseconds(100);
@@ -252,12 +244,14 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
         }
       }
       if (now >= deadline) {
-        throw Error(ErrorInfo{
-            .kind = ErrorKind::Timeout,
-            .message = fmt::format("rank {}'s shared-memory segment {} was not ready within {} ms",
-                                   rank, names[idx(rank)], options.connectTimeout.count()),
-            .peerRank = rank,
-            .hint = "see that rank's output; RDMACC_CONNECT_TIMEOUT bounds the wait"});
+        throw Error(
+            ErrorInfo{.kind = ErrorKind::Timeout,
+                      .message = fmt::format(
+                          "rank {}'s shared-memory segment {} ({}) was not ready within {} ms{}",
+                          rank, names[idx(rank)], paths[idx(rank)], options.connectTimeout.count(),
+                          p.waitingFor.empty() ? "" : fmt::format(": it {}", p.waitingFor)),
+                      .peerRank = rank,
+                      .hint = "see that rank's output; RDMACC_CONNECT_TIMEOUT bounds the wait"});
       }
       if (p.head != nullptr) {
         futexWait(p.head->built, 0, std::chrono::milliseconds(100));
@@ -282,7 +276,7 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
           ? "publishing without a fence (every local rank issues membarrier before it sleeps)"
           : "publishing with a fence (RDMACC_SHM_MEMBARRIER=0, or membarrier(GLOBAL_EXPEDITED) not "
             "available, on some local rank)");
-  unlinkIfMapped();
+  closeIfMapped();
 }
 
 // Checks rank's mapped segment against what this rank expects, wires its
@@ -327,56 +321,76 @@ void ShmTransport::joinPeer(int rank, Peer& p, const std::string& name, size_t t
   unverified_ += p.singleCopy ? 1 : 0;
   sendHello(p);
   // The last of the owner's peers to map it wakes it (if it sleeps) to
-  // unlink; seq_cst with the owner's sleeping flag (arm): either it sees the
+  // close its file; seq_cst with the owner's sleeping flag (arm): either it sees the
   // count before it sleeps, or this rank sees it asleep and rings.
   if (p.head->mappedBy.fetch_add(1) + 1 == p.head->lanes && p.head->sleeping.load() != 0) {
     ringDoorbell(p);
   }
 }
 
-// Once every local peer has mapped our segment nothing needs its name:
-// unlinked then (a crash later leaves nothing in /dev/shm). Formation does
-// not wait for it; the engine's polls look until it happens.
-void ShmTransport::unlinkIfMapped() {
-  if (unlinked_ || head_->mappedBy.load() < geometry_.lanes) return;
-  ::shm_unlink(name_.c_str());
-  unlinked_ = true;
+// Once every local peer has mapped our segment nobody needs to open it:
+// its descriptor is closed then (the memory lives while it is mapped).
+// Formation does not wait for it; the engine's polls look until it happens.
+void ShmTransport::closeIfMapped() {
+  if (!file_ || head_->mappedBy.load() < geometry_.lanes) return;
+  file_.reset();
 }
 
 // One look at rank's segment: true once it is mapped and its owner has
-// built it (magic set). Its name came with the host records, before the
-// owner may have created it, so a missing, empty or unfinished segment is
-// not an error (false: look again). Mapped as large as it is (at most what
-// this rank expects), so that a segment of another geometry is named by its
-// head, not only its size; kept mapped while the owner finishes it.
-bool ShmTransport::tryMapPeerSegment(int rank, Peer& p, const std::string& name) {
+// built it (magic set). It is opened through the owner's descriptor
+// (/proc/PID/fd/FD, from its record), which the owner keeps open until its
+// local peers mapped it; an unfinished segment (too small, not sealed yet)
+// is not an error (false: look again). Mapped as large as it is (at most
+// what this rank expects), so that a segment of another geometry is named
+// by its head, not only its size; kept mapped while the owner finishes it.
+bool ShmTransport::tryMapPeerSegment(int rank, Peer& p, const std::string& path) {
   if (!p.mapping) {
-    net::Fd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
+    net::Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY));
     if (!fd) {
-      if (errno == ENOENT) return false;
-      throw shmError("shm_open", errno, fmt::format("opening rank {}'s segment {}", rank, name),
-                     "ranks that share a host must share /dev/shm (the same mount namespace)");
+      if (errno == ENOENT) {  // its process went away (looked after by the caller)
+        p.waitingFor = "could not be opened (no such process or descriptor)";
+        return false;
+      }
+      throw shmError("open", errno, fmt::format("opening rank {}'s segment {}", rank, path),
+                     "the ranks of a host must run as the same user, in one pid namespace, and "
+                     "may open each other's files in /proc (not if a rank is not dumpable)");
     }
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) {
-      throw shmError("fstat", errno, fmt::format("of rank {}'s segment {}", rank, name), "");
+      throw shmError("fstat", errno, fmt::format("of rank {}'s segment {}", rank, path), "");
     }
     // The ranks of a job are one user, and rdmacc creates segments 0600: a
-    // segment of another user's under the published name, or one others may
-    // open, is not the peer's (security.md, shared memory).
-    if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    // file of another user's, or one others may open, is not the peer's
+    // (security.md, shared memory).
+    if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 || !S_ISREG(st.st_mode)) {
       throw Error(ErrorInfo{
           .kind = ErrorKind::Protocol,
-          .message = fmt::format("rank {}'s segment /dev/shm{} belongs to uid {} with mode {:o}, "
+          .message = fmt::format("rank {}'s segment {} belongs to uid {} with mode {:o}, "
                                  "not to this rank's uid {} with mode 600",
-                                 rank, name, st.st_uid, st.st_mode & 0777, ::geteuid()),
+                                 rank, path, st.st_uid, st.st_mode & 0777, ::geteuid()),
           .peerRank = rank,
-          .hint = "run every rank of a host as the same user; another user (or process) may "
-                  "have created the name first"});
+          .hint = "run every rank of a host as the same user; the record in the store may "
+                  "not be the rank's"});
     }
-    if (static_cast<size_t>(st.st_size) < geometry_.headBytes()) return false;  // being sized
+    if (static_cast<size_t>(st.st_size) < geometry_.headBytes()) {
+      p.waitingFor = "was not sized yet";
+      return false;
+    }
+    // Sealed against shrinking, or its owner could make our accesses fault.
+    const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+    if (seals < 0) {
+      throw Error(
+          ErrorInfo{.kind = ErrorKind::Protocol,
+                    .message = fmt::format("rank {}'s segment {} is no sealable memory file ({})",
+                                           rank, path, std::strerror(errno)),
+                    .peerRank = rank});
+    }
+    if ((seals & F_SEAL_SHRINK) == 0) {
+      p.waitingFor = "was not sealed against shrinking";
+      return false;
+    }
     p.mappedBytes = std::min(static_cast<size_t>(st.st_size), geometry_.totalBytes());
-    p.mapping = mapSegment(fd.get(), p.mappedBytes, name);
+    p.mapping = mapSegment(fd.get(), p.mappedBytes, path);
     p.head = reinterpret_cast<SegmentHead*>(p.mapping.get());
   }
   const uint64_t magic = p.head->magic.load(std::memory_order_acquire);
@@ -385,7 +399,7 @@ bool ShmTransport::tryMapPeerSegment(int rank, Peer& p, const std::string& name)
     throw Error(ErrorInfo{
         .kind = ErrorKind::Protocol,
         .message = fmt::format("rank {}'s segment {} starts with {:#x}, not rdmacc's {:#x}", rank,
-                               name, magic, kMagic),
+                               path, magic, kMagic),
         .peerRank = rank});
   }
   return false;
@@ -400,7 +414,6 @@ ShmTransport::~ShmTransport() {
       }
     }
   }
-  if (!unlinked_) ::shm_unlink(name_.c_str());
 }
 
 // Single-copy writes need the kernel's leave (same user, no security
@@ -442,6 +455,21 @@ namespace rdmacc {
 std::string newSegmentName() {
   std::random_device random;
   return fmt::format("/rdmacc-{}-{:08x}{:08x}", ::getpid(), random(), random());
+}
+
+std::string segmentRecord(const std::string& name, int fd) {
+  return fmt::format("{}:{}:{}", name, ::getpid(), fd);
+}
+
+net::Fd createSegmentFile(const std::string& name) {
+  // The memfd's name (what /proc/PID/maps shows) without the leading '/'.
+  net::Fd fd(::memfd_create(name.c_str() + (name.starts_with('/') ? 1 : 0),
+                            MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) throw shm::shmError("memfd_create", errno, fmt::format("creating {}", name), "");
+  if (::fchmod(fd.get(), 0600) != 0) {
+    throw shm::shmError("fchmod", errno, fmt::format("making {} private", name), "");
+  }
+  return fd;
 }
 
 bool validSegmentName(std::string_view name) {

@@ -140,7 +140,7 @@ bool ShmTransport::flushCredits() {
 }
 
 bool ShmTransport::poll(TransportSink& sink) {
-  unlinkIfMapped();
+  closeIfMapped();
   // Until every peer's hello is in, look for them here too: a busy engine
   // thread may not sleep (and read the doorbell) for a while. Before the
   // rings: a wake-up drained here announced a record published before it.

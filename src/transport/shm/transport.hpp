@@ -1,7 +1,7 @@
 // The shared-memory transport, for peers on the same host (host_identity):
-// every rank owns one segment (POSIX shared memory, mode 0600, unlinked once
-// its peers mapped it) holding, for each local peer, a single-producer ring of
-// arrival records and that peer's staging slots. A message is one copy: the
+// every rank owns one segment (a memfd, mode 0600, sealed against shrinking
+// and growing, its descriptor closed once its peers mapped it) holding, for each local peer, a
+// single-producer ring of arrival records and that peer's staging slots. A message is one copy: the
 // sender writes the header and payload into the receiver's slot and appends a
 // record (the "immediate" of the RDMA transport: the slot, or a credit) to the
 // receiver's ring. The slot and credit protocol and its validation are the
@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "src/store/socket.hpp"
+
 #include "rdmacc/store.hpp"
 #include "src/transport/options.hpp"
 #include "src/transport/transport.hpp"
@@ -25,8 +27,8 @@ namespace rdmacc {
 
 // `peers`: by rank, the ranks this transport carries (same host; this
 // rank's entry is ignored). options.slotBytes must be resolved (not 0).
-// Throws Error when a segment cannot be created or mapped (e.g. /dev/shm too
-// small, naming the bytes it needed).
+// Throws Error when a segment cannot be created or mapped (e.g. too little
+// memory, naming the bytes it needed).
 std::unique_ptr<Transport> makeShmTransport(Store& store, const TransportOptions& options,
                                             const std::vector<bool>& peers);
 
@@ -36,5 +38,13 @@ std::unique_ptr<Transport> makeShmTransport(Store& store, const TransportOptions
 std::string newSegmentName();
 // A name newSegmentName could have made (what a peer publishes is checked).
 bool validSegmentName(std::string_view name);
+// The file of this rank's segment: a memfd called `name`, 0600, empty and
+// open to sealing (the transport sizes and seals it). Local peers open it
+// as /proc/PID/fd/FD, so the descriptor's number travels in the rank's
+// record with the name and pid ("name:pid:fd"); made before the group forms
+// for that reason. Throws Error naming the call.
+net::Fd createSegmentFile(const std::string& name);
+// This rank's record for its local peers: "name:pid:fd".
+std::string segmentRecord(const std::string& name, int fd);
 
 }  // namespace rdmacc

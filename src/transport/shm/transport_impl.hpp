@@ -69,7 +69,7 @@ struct SegmentHead {
   // then do board posts and reads ring a sleeping owner's doorbell.
   std::atomic<uint32_t> boardWaiting{0};
   alignas(64) std::atomic<uint32_t> departed{0};  // the owner's transport is gone
-  // Local peers that have mapped this segment: at `lanes` the owner unlinks
+  // Local peers that have mapped this segment: at `lanes` the owner closes
   // it (the last peer rings the doorbell if the owner sleeps).
   std::atomic<uint32_t> mappedBy{0};
   // The last collective whose board entries the owner read (Board::consumed).
@@ -125,8 +125,9 @@ struct Peer {
   bool carried = false;
   int pid = -1;
   net::Fd pidfd;
-  std::string address;  // "pid N on this host", for errors
-  Mapping mapping;      // the peer's segment
+  std::string address;     // "pid N on this host", for errors
+  std::string waitingFor;  // what its segment lacked at the last look (for the timeout)
+  Mapping mapping;         // the peer's segment
   size_t mappedBytes = 0;
   SegmentHead* head = nullptr;
   // This rank's lane in the peer's segment (we produce), and the peer's lane
@@ -229,11 +230,12 @@ class ShmTransport final : public Transport, public Board {
       std::atomic_thread_fence(std::memory_order_seq_cst);
     }
   }
-  void create(const std::string& name);
+  void create(const std::string& name, std::shared_ptr<net::Fd> file);
   void attach(Store& store, const TransportOptions& options);
-  bool tryMapPeerSegment(int rank, Peer& p, const std::string& name);
+  bool tryMapPeerSegment(int rank, Peer& p, const std::string& path);
   void joinPeer(int rank, Peer& p, const std::string& name, size_t theirLane, size_t ourLane);
-  void unlinkIfMapped();
+  // Closes our segment's descriptor once every local peer mapped it.
+  void closeIfMapped();
   // Free ring entries in peer's lane; throws when the peer corrupted its head.
   uint64_t ringSpace(int to, Peer& p) const;
   void publish(Peer& p, Record r);
@@ -258,7 +260,9 @@ class ShmTransport final : public Transport, public Board {
   int size_;
   Geometry geometry_;
   std::string name_;  // our segment's, "/rdmacc-<pid>-<random>"
-  bool unlinked_ = true;
+  // Its memfd, open (and so reachable through /proc/PID/fd) until every
+  // local peer mapped it; shared with the backend that published its number.
+  std::shared_ptr<net::Fd> file_;
   Mapping mine_;
   SegmentHead* head_ = nullptr;
   uint8_t* board_ = nullptr;  // ours, in our segment

@@ -142,8 +142,10 @@ void watch(std::atomic<uint64_t>& into, const Report& report) {
           ::_exit(0);
         }
         report.thirdPid.store(third);
+        // "name:pid:fd": the third process inherited the descriptor.
         const std::string record = toString(mine);
-        const std::string forged = fmt::format("{}:{}", record.substr(0, record.find(':')), third);
+        const std::string forged = fmt::format("{}:{}:{}", record.substr(0, record.find(':')),
+                                               third, record.substr(record.rfind(':') + 1));
         return exchangeRecords(store, {}, prefix, 1, toBytes(forged), participants, wanted);
       };
     }

@@ -33,8 +33,10 @@
 #include "rdmacc/store.hpp"
 #include "rdmacc/version.hpp"
 #include "src/store/store_util.hpp"
+#include "src/transport/options.hpp"
 #include "src/transport/rdma/handshake.hpp"
 #include "src/transport/shm/cma.hpp"
+#include "src/transport/shm/transport.hpp"
 #include "src/transport/shm/transport_impl.hpp"
 
 namespace rdmacc {
@@ -42,11 +44,13 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// Segment files this process holds open (memfds named "rdmacc-<pid>-...").
 size_t ourSegments() {
   size_t n = 0;
-  const std::string prefix = "rdmacc-" + std::to_string(::getpid()) + "-";
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-    if (entry.path().filename().string().starts_with(prefix)) ++n;
+  const std::string prefix = "/memfd:rdmacc-" + std::to_string(::getpid()) + "-";
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    if (std::filesystem::read_symlink(entry.path(), error).string().starts_with(prefix)) ++n;
   }
   return n;
 }
@@ -54,7 +58,8 @@ size_t ourSegments() {
 // Rank 1 announced itself on this host, and the segment its record names
 // never appears: rank 0's setup fails naming rank 1 (within the connect
 // timeout while rank 1's process lives, at once when it has exited), and
-// its own segment is unlinked (a constructor that throws runs no destructor).
+// its own segment's file is closed (a constructor that throws runs no
+// destructor).
 TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
   for (const int pid : {::getpid(), 0x3fffffff}) {  // alive; no such process
     auto store = std::make_shared<HashStore>(500ms);
@@ -62,7 +67,7 @@ TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
     store->set(fmt::format("rdmacc/host/{}/1", group),
                toBytes(fmt::format(
                    "rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
-                   "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager\n/rdmacc-{}-00000000deadbeef:{}\n-\n"
+                   "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager\n/rdmacc-{}-00000000deadbeef:{}:999\n-\n"
                    "same-host",
                    version(), handshake::kVersion, ::getpid(), pid)));
     const size_t before = ourSegments();
@@ -87,48 +92,92 @@ TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
   }
 }
 
-// The segment a peer's record names belongs to another user (who created
-// the name first), or others may open it: rank 0 refuses it, naming rank 1,
-// the path, the owner and the mode, and never maps it. Handing the object to
-// another user needs root; the mode case runs as anyone.
-TEST(ShmTransport, ASegmentOfAnotherUserIsRefused) {
-  for (const bool foreignOwner : {false, true}) {
-    if (foreignOwner && ::geteuid() != 0) continue;
-    const std::string name =
-        fmt::format("/rdmacc-{}-00000000c0ffee0{}", ::getpid(), foreignOwner ? 1 : 0);
-    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    ASSERT_GE(fd, 0) << std::strerror(errno);
-    ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
-    if (foreignOwner) {
-      ASSERT_EQ(::fchown(fd, 65534, 65534), 0) << std::strerror(errno);
-    } else {
-      ASSERT_EQ(::fchmod(fd, 0666), 0) << std::strerror(errno);
+// The segment a peer's record names (its /proc/PID/fd/FD) belongs to
+// another user, others may open it, or it is not sealed against shrinking:
+// rank 0 refuses it, naming rank 1, the path and what is wrong, and never
+// maps it (the unsealed one only until the connect timeout: its owner may
+// be about to seal it). Handing a file to another user needs root.
+TEST(ShmTransport, ASegmentOfAnotherUserOrUnsealedIsRefused) {
+  enum class Plant { OpenToOthers, ForeignOwner, Unsealed };
+  for (const Plant plant : {Plant::OpenToOthers, Plant::ForeignOwner, Plant::Unsealed}) {
+    if (plant == Plant::ForeignOwner && ::geteuid() != 0) continue;
+    const auto kind = static_cast<int>(plant);
+    const std::string name = fmt::format("/rdmacc-{}-00000000c0ffee0{}", ::getpid(), kind);
+    net::Fd file = createSegmentFile(name);
+    ASSERT_EQ(::ftruncate(file.get(), 1 << 20), 0);
+    if (plant == Plant::ForeignOwner) {
+      ASSERT_EQ(::fchown(file.get(), 65534, 65534), 0) << std::strerror(errno);
+    } else if (plant == Plant::OpenToOthers) {
+      ASSERT_EQ(::fchmod(file.get(), 0666), 0) << std::strerror(errno);
     }
-    ::close(fd);
     auto store = std::make_shared<HashStore>(2s);
-    const std::string group = fmt::format("foreign{}", foreignOwner);
-    store->set(fmt::format("rdmacc/host/{}/1", group),
-               toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
-                                   "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager\n{}:{}\n-\nsame-host",
-                                   version(), handshake::kVersion, name, ::getpid())));
+    const std::string group = fmt::format("foreign{}", kind);
+    store->set(
+        fmt::format("rdmacc/host/{}/1", group),
+        toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
+                            "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager\n{}\n-\nsame-host",
+                            version(), handshake::kVersion, segmentRecord(name, file.get()))));
+    const std::string path = fmt::format("/proc/{}/fd/{}", ::getpid(), file.get());
+    const std::string expected =
+        plant == Plant::Unsealed
+            ? fmt::format(
+                  "rank 1's shared-memory segment {} ({}) was not ready within 1000 ms: "
+                  "it was not sealed against shrinking",
+                  name, path)
+            : fmt::format(
+                  "rank 1's segment {} belongs to uid {} with mode {}, not to this "
+                  "rank's uid {} with mode 600",
+                  path, plant == Plant::ForeignOwner ? 65534u : ::geteuid(),
+                  plant == Plant::ForeignOwner ? "600" : "666", ::geteuid());
     try {
       VerbsBackend backend(store, 0, 2,
                            VerbsBackend::Options{.groupName = group,
                                                  .config = {{"RDMACC_TRANSPORT", "shm"},
                                                             {"RDMACC_HOST_ID", "same-host"},
-                                                            {"RDMACC_CONNECT_TIMEOUT", "2s"}}});
+                                                            {"RDMACC_CONNECT_TIMEOUT", "1s"}}});
       ADD_FAILURE() << "a group formed on a segment that is not the peer's";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(fmt::format(
-                    "rank 1's segment /dev/shm{} belongs to uid {} with mode {}, not to this "
-                    "rank's uid {} with mode 600",
-                    name, foreignOwner ? 65534u : ::geteuid(), foreignOwner ? "600" : "666",
-                    ::geteuid())),
-                std::string::npos)
-          << e.what();
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      EXPECT_EQ(e.info().peerRank, 1) << e.what();
     }
-    ::shm_unlink(name.c_str());
   }
+}
+
+// A peer that shrinks its segment under this rank's mapping would make this
+// rank's next access to it fault (SIGBUS). Segments are sealed once built:
+// the kernel refuses to shrink or grow them to any process holding one, its
+// owner included (before, a POSIX shared-memory object could be truncated
+// by any process of the user).
+TEST(ShmTransport, ASegmentCannotBeShrunkUnderItsPeersMappings) {
+  HashStore store(10s);
+  auto file = std::make_shared<net::Fd>(createSegmentFile(newSegmentName()));
+  std::vector<std::unique_ptr<Transport>> ranks(2);
+  {
+    std::vector<std::jthread> forming;
+    for (int r = 0; r < 2; ++r) {
+      forming.emplace_back([&, r] {
+        TransportOptions o;
+        o.group = "sealed";
+        o.rank = r;
+        o.size = 2;
+        o.connectTimeout = 10'000ms;
+        o.slotBytes = 64 * 1024;
+        if (r == 0) o.shmSegmentFile = file;  // rank 0's, kept open by this test
+        ranks[static_cast<size_t>(r)] = makeShmTransport(store, o, {true, true});
+      });
+    }
+  }
+  ASSERT_TRUE(ranks[0] && ranks[1]);
+  struct stat st {};
+  ASSERT_EQ(::fstat(file->get(), &st), 0);
+  EXPECT_EQ(::ftruncate(file->get(), 0), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(::ftruncate(file->get(), st.st_size / 2), -1);
+  EXPECT_EQ(::ftruncate(file->get(), st.st_size * 2), -1);
+  const int seals = ::fcntl(file->get(), F_GET_SEALS);
+  EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  EXPECT_NE(::fcntl(file->get(), F_ADD_SEALS, F_SEAL_WRITE), 0) << "the seals can be changed";
 }
 
 // Single-copy writes go where a peer's advert says; an address the peer does
@@ -153,11 +202,11 @@ TEST(SingleCopy, WritesWhereAskedAndRefusesAnAddressThatIsNotMapped) {
 }
 
 // Where this process mapped the shared-memory segment `name` ("/rdmacc-..."),
-// from /proc/self/maps (it is unlinked once every peer mapped it).
+// from /proc/self/maps (a memfd: "/memfd:rdmacc-... (deleted)").
 uint8_t* mappedSegment(const std::string& name) {
   std::ifstream maps("/proc/self/maps");
   for (std::string line; std::getline(maps, line);) {
-    if (line.find("/dev/shm" + name) == std::string::npos) continue;
+    if (line.find("/memfd:" + name.substr(1) + " ") == std::string::npos) continue;
     return reinterpret_cast<uint8_t*>(std::stoull(line.substr(0, line.find('-')), nullptr, 16));
   }
   return nullptr;
@@ -212,7 +261,7 @@ std::vector<std::string> allreduceOnBoth(std::vector<std::unique_ptr<VerbsBacken
 // Rank `rank`'s segment of group `name` as this process mapped it, and its
 // geometry from its head.
 std::pair<uint8_t*, shm::Geometry> segmentOf(Store& store, const std::string& name, int rank) {
-  // Line 3 of the rank's host record: "name:pid".
+  // Line 3 of the rank's host record: "name:pid:fd".
   const std::string text = toString(store.get(fmt::format("rdmacc/host/{}/{}", name, rank)));
   const size_t line3 = text.find('\n', text.find('\n') + 1) + 1;
   uint8_t* segment = mappedSegment(text.substr(line3, text.find(':', line3) - line3));
