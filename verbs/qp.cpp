@@ -90,8 +90,8 @@ Window allocateWindow(ibv_pd* pd) {
   return {std::move(mw), rkey};
 }
 
-int bindWindow(ibv_qp* qp, const Window& window, ibv_mr* mr, const void* addr, size_t length,
-               uint64_t wrId) {
+void bindWindow(ibv_qp* qp, const Window& window, ibv_mr* mr, const void* addr, size_t length,
+                uint64_t wrId, const std::string& forWhom) {
   ibv_send_wr wr{};
   wr.wr_id = wrId;
   wr.opcode = IBV_WR_BIND_MW;
@@ -103,7 +103,9 @@ int bindWindow(ibv_qp* qp, const Window& window, ibv_mr* mr, const void* addr, s
   wr.bind_mw.bind_info.length = length;
   wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
   ibv_send_wr* bad = nullptr;
-  return ibv_post_send(qp, &wr, &bad);
+  if (int rc = ibv_post_send(qp, &wr, &bad); rc != 0) {
+    throw verbsError("ibv_post_send", rc, fmt::format("binding a memory window for {}", forWhom));
+  }
 }
 
 QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params) {

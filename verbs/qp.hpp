@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "verbs/handles.hpp"
 
@@ -79,10 +80,11 @@ struct Window {
 };
 Window allocateWindow(ibv_pd* pd);
 // Posts a signaled bind of window to [addr, addr + length) of mr, writable
-// remotely, on qp (in RTS); the window's rkey is then Window::rkey. Returns
-// ibv_post_send's errno (0 = ok); its completion carries wrId.
-int bindWindow(ibv_qp* qp, const Window& window, ibv_mr* mr, const void* addr, size_t length,
-               uint64_t wrId);
+// remotely, on qp (in RTS); the window's rkey is then Window::rkey, and the
+// completion carries wrId. Throws Error naming ibv_post_send and `forWhom`
+// ("rank 3") when the post fails.
+void bindWindow(ibv_qp* qp, const Window& window, ibv_mr* mr, const void* addr, size_t length,
+                uint64_t wrId, const std::string& forWhom);
 // Send-queue entries beyond QpParams::sendDepth for window binds (the
 // slots' window, and the one-shot board's on the first queue pair), which
 // the transport does not count among its writes.

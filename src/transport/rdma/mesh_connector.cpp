@@ -57,11 +57,8 @@ void Mesh::Connector::expose(Attempt& a) {
   if (!a.window.mw) return;
   const uint64_t wr =
       pack(WrId{WrKind::Bind, static_cast<uint8_t>(a.qpIndex), static_cast<uint16_t>(a.peer), 0});
-  if (int rc = verbs::bindWindow(a.qp.get(), a.window, a.mine.mr, a.mine.addr, a.mine.bytes, wr);
-      rc != 0) {
-    throw verbs::verbsError("ibv_post_send", rc,
-                            fmt::format("binding a memory window for rank {}", a.peer));
-  }
+  verbs::bindWindow(a.qp.get(), a.window, a.mine.mr, a.mine.addr, a.mine.bytes, wr,
+                    fmt::format("rank {}", a.peer));
 }
 
 handshake::Expectation Mesh::Connector::expect(handshake::Direction direction,

@@ -100,10 +100,7 @@ uint32_t RdmaTransport::exposeTo(int rank, ibv_qp* qp, ibv_mr* mr, const uint8_t
   if (!mesh_.windows()) return mr->rkey;
   windows_.push_back(verbs::allocateWindow(mesh_.pd()));
   const uint64_t wrId = pack(WrId{WrKind::Bind, 0, static_cast<uint16_t>(rank), 0});
-  if (int rc = verbs::bindWindow(qp, windows_.back(), mr, addr, bytes, wrId); rc != 0) {
-    throw verbs::verbsError("ibv_post_send", rc,
-                            fmt::format("binding a memory window for rank {}", rank));
-  }
+  verbs::bindWindow(qp, windows_.back(), mr, addr, bytes, wrId, fmt::format("rank {}", rank));
   return windows_.back().rkey;
 }
 
