@@ -153,12 +153,14 @@ void ProgressHub::run(const std::stop_token& stop, int wakeFd) {
 
 // A group that a waiting caller drives is left to it (Progress::driverPause);
 // the others are stepped. With one group this is the loop each group's own
-// thread ran before the hub.
+// thread ran before the hub. Which groups are driven is decided once, here,
+// and the sleep that may follow keeps that decision (see sleep()).
 void ProgressHub::round(Round& r) {
   const auto now = Clock::now();
   bool spinning = false;
   bool yield = false;
   std::optional<microseconds> pauseLimit;
+  r.watched.clear();
   for (Progress* p : r.members) {
     if (gone(p)) continue;
     if (auto pause = p->driverPause(); pause.count() > 0) {
@@ -166,6 +168,7 @@ void ProgressHub::round(Round& r) {
       p->hubLastProgress_ = now;
       continue;
     }
+    r.watched.push_back(p);
     bool moved = false;
     {
       std::lock_guard lock(p->mutex_);
@@ -197,13 +200,15 @@ void ProgressHub::round(Round& r) {
 // submissions neither write the wake-up descriptor nor wake this thread
 // (a syscall and a context switch per operation on a latency-bound path),
 // and its pending work is the driver's to take.
+// The groups watched are the round's undriven ones, not decided again here:
+// a caller that began to drive in between would otherwise leave its group
+// neither watched nor bounding the sleep (the round saw no pause), and a
+// submission after that caller left would wake nobody. A watched group
+// whose caller drives meanwhile is served by both, which is harmless.
 void ProgressHub::sleep(Round& r, std::optional<microseconds> pauseLimit) {
   std::vector<Progress*>& watched = r.watched;
-  watched.clear();
-  for (Progress* p : r.members) {
-    if (!gone(p) && p->driverPause().count() == 0) watched.push_back(p);
-  }
-  for (Progress* p : watched) p->sleepers_.fetch_add(1);  // seq_cst: Progress::sleep
+  std::erase_if(watched, [&](Progress* p) { return gone(p); });  // a callback's doing
+  for (Progress* p : watched) p->sleepers_.fetch_add(1);         // seq_cst: Progress::sleep
   struct Awake {
     const std::vector<Progress*>& watched;
     ~Awake() {

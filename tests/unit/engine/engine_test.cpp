@@ -345,6 +345,26 @@ TEST(ProgressHub, GroupsComeAndGoWhileAnotherRuns) {
   EXPECT_TRUE(ProgressHub::instance().running());
 }
 
+// A caller that starts driving while the engine thread heads for its sleep
+// (between the round that found the group undriven and the sleep), finishes
+// its work and leaves: the next operation, which nobody drives (a torch
+// future's wait), must still be taken by the engine thread. Before the fix
+// the sleep, deciding afresh, left the driven group unwatched with no time
+// limit, so the later submission woke nobody: device.torch2.collectives
+// hung about one run in four on an async allreduce_coalesced. A slow poll
+// (2 ms) widens that gap; the arrivals sweep across it.
+TEST(ProgressHub, WorkSubmittedAfterADriverLeftIsTakenWithoutOne) {
+  Group solo(1, 2, 256);
+  solo.net->setPollDelay(0, 2ms);
+  for (int i = 0; i < 60; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(i * 97 % 6000));
+    auto driven = solo[0].submit(barrier(0, 1));
+    EXPECT_TRUE(driven->wait());
+    auto unaided = solo[0].submit(barrier(0, 1));
+    ASSERT_TRUE(completesUnaided(*unaided, 3s)) << "round " << i;
+  }
+}
+
 // A Work callback runs inside its group's progress (include/rdmacc/work.hpp):
 // a group destroyed there aborts with an error that says so; before, the
 // process hung with the engine thread waiting for its own step.

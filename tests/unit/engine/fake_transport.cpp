@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -129,15 +130,23 @@ bool FakeNetwork::trySend(int from, int to, const wire::Header& h, const uint8_t
   return true;
 }
 
+void FakeNetwork::setPollDelay(int rank, std::chrono::microseconds delay) {
+  std::lock_guard lock(mutex_);
+  ranks_[static_cast<size_t>(rank)].pollDelay = delay;
+}
+
 bool FakeNetwork::poll(int rank, TransportSink& sink) {
   std::deque<Pending> arrivals;
   std::vector<std::pair<int, std::string>> failures;
+  std::chrono::microseconds delay{0};
   {
     std::lock_guard lock(mutex_);
     Rank& me = ranks_[static_cast<size_t>(rank)];
     arrivals.swap(me.arrivals);
     failures.swap(me.failures);
+    delay = me.pollDelay;
   }
+  if (delay.count() > 0) std::this_thread::sleep_for(delay);
   // Outside the lock: the sink may send (and so take it).
   for (const Pending& p : arrivals) {
     sink.arrived(p.from, Incoming{.slot = p.slot, .header = p.header, .arrival = p.arrival});

@@ -7,6 +7,7 @@
 // deterministic enough to assert on.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,10 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
   // it sent there.
   int maxOccupied(int from, int to) const;
   int messages(int from, int to) const;
+  // Each poll of `rank`'s transport takes this long (a device that is slow
+  // to poll, as under emulation): widens the gaps between the engine
+  // thread's decisions in a round.
+  void setPollDelay(int rank, std::chrono::microseconds delay);
 
  private:
   class Fake;
@@ -55,6 +60,7 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
     std::vector<int> disconnected;
     std::set<int> gone;
     size_t reserved = 0;
+    std::chrono::microseconds pollDelay{0};
     bool dead = false;
     int wake = -1;  // eventfd
   };
