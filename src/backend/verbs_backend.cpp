@@ -7,6 +7,7 @@
 #include "src/backend/verbs_backend_impl.hpp"
 #include "src/bootstrap/host_identity.hpp"
 #include "src/engine/event_trace.hpp"
+#include "src/transport/rdma/transport.hpp"
 #include "src/transport/shm/transport.hpp"
 
 namespace rdmacc {
@@ -225,17 +226,7 @@ void VerbsBackend::Impl::startRails(const std::vector<bool>& shm,
 // region behind it, so without a mesh a registration records the range.
 void VerbsBackend::Impl::makeRegistrations() {
   registrations = std::make_unique<RegistrationCache>(
-      [pd = rails.empty() ? nullptr : rails[0]->pd()](uintptr_t begin, size_t length) {
-        if (pd == nullptr) return Registration{.begin = begin, .end = begin + length};
-        // Remote write: peers write large receives straight into it.
-        std::shared_ptr<ibv_mr> mr = verbs::registerMemory(pd, reinterpret_cast<void*>(begin),
-                                                           length, verbs::kRemoteWriteAccess);
-        return Registration{.begin = begin,
-                            .end = begin + length,
-                            .lkey = mr->lkey,
-                            .rkey = mr->rkey,
-                            .owner = std::move(mr)};
-      },
+      userMemoryRegistrar(rails.empty() ? nullptr : rails[0]->pd()),
       // Exactly [ptr, ptr + bytes): with whole pages, the heap bytes next to a
       // registered tensor would be remotely writable too.
       config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);

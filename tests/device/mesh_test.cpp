@@ -25,6 +25,8 @@
 #include "rdmacc/topology.hpp"
 #include "src/core/buffer.hpp"
 #include "src/engine/engine.hpp"
+#include "src/schedule/algorithms/algorithms.hpp"
+#include "src/schedule/schedule.hpp"
 #include "src/transport/rdma/mesh.hpp"
 #include "src/transport/rdma/transport.hpp"
 #include "src/transport/rdma/wr_id.hpp"
@@ -337,6 +339,69 @@ TEST(InProcess, LateConnectionAfterFormationIsRejectedOnBothSides) {
   EXPECT_TRUE(gone.empty()) << "rank 0 saw rank " << gone.front() << " leave";
 }
 
+// A group of `size` ranks formed in this process, a thread per rank: each
+// rank's mesh, then its RDMA transport (options' group, rank and size are
+// filled in); errors[r] says why rank r could not form ("" when it did).
+struct InProcessGroup {
+  std::vector<std::unique_ptr<Mesh>> meshes;
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<std::string> errors;
+};
+
+InProcessGroup formInProcess(Store& store, const std::string& group, int size, const Config& config,
+                             TransportOptions options) {
+  const auto n = static_cast<size_t>(size);
+  InProcessGroup g{std::vector<std::unique_ptr<Mesh>>(n),
+                   std::vector<std::unique_ptr<Transport>>(n), std::vector<std::string>(n)};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      const auto i = static_cast<size_t>(r);
+      try {
+        g.meshes[i] = std::make_unique<Mesh>(store, r, size, config, MeshOptions{.group = group});
+        TransportOptions mine = options;
+        mine.group = group;
+        mine.rank = r;
+        mine.size = size;
+        g.transports[i] = makeRdmaTransport(*g.meshes[i], store, mine);
+      } catch (const std::exception& e) {
+        g.errors[i] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return g;
+}
+
+// A peer's own RDMA operation, outside rdmacc's transport: 64 bytes from
+// `local` (registered with `lkey`) to `remote` under `rkey` through `qp`
+// of `mesh`; the completion's status.
+ibv_wc_status rawTransfer(Mesh& mesh, ibv_qp* qp, ibv_wr_opcode opcode, uint8_t* local,
+                          uint32_t lkey, uint64_t remote, uint32_t rkey) {
+  static std::atomic<uint64_t> nextId{1000};
+  ibv_sge sge{.addr = reinterpret_cast<uintptr_t>(local), .length = 64, .lkey = lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = ++nextId;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = opcode;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = remote;
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+  const auto deadline = Clock::now() + 20s;
+  while (Clock::now() < deadline) {
+    std::array<ibv_wc, 4> wcs;
+    const int n = mesh.cq().poll(wcs);
+    for (int i = 0; i < n; ++i) {
+      if (wcs[static_cast<size_t>(i)].wr_id == wr.wr_id) return wcs[static_cast<size_t>(i)].status;
+    }
+  }
+  ADD_FAILURE() << "no completion";
+  return IBV_WC_GENERAL_ERR;
+}
+
 // What a peer can reach of our memory (docs/security.md): its own slots, by
 // writing. A READ of them fails (nothing is registered for remote reads),
 // a write into another peer's slots with its own rkey fails (one
@@ -352,32 +417,13 @@ void peerAccessCase(bool windows) {
   constexpr int kSize = 4;
   constexpr int kSlots = 4;
   constexpr size_t kSlotBytes4k = 4096;
-  std::vector<std::unique_ptr<Mesh>> meshes(kSize);
-  std::vector<std::unique_ptr<Transport>> transports(kSize);
-  std::vector<std::string> errors(kSize);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kSize; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        meshes[static_cast<size_t>(r)] = std::make_unique<Mesh>(
-            store, r, kSize, quickConfig({{"RDMACC_MEMORY_WINDOWS", windows ? "1" : "0"}}),
-            MeshOptions{.group = "exposed"});
-        if (meshes[static_cast<size_t>(r)]->windows() != windows)
-          throw std::runtime_error("the device binds no type-2 memory windows");
-        transports[static_cast<size_t>(r)] =
-            makeRdmaTransport(*meshes[static_cast<size_t>(r)], store,
-                              TransportOptions{.group = "exposed",
-                                               .rank = r,
-                                               .size = kSize,
-                                               .slotsPerPeer = kSlots,
-                                               .slotBytes = kSlotBytes4k});
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  auto [meshes, transports, errors] = formInProcess(
+      store, "exposed", kSize, quickConfig({{"RDMACC_MEMORY_WINDOWS", windows ? "1" : "0"}}),
+      TransportOptions{.slotsPerPeer = kSlots, .slotBytes = kSlotBytes4k});
   for (const auto& e : errors) ASSERT_EQ(e, "");
+  for (const auto& m : meshes) {
+    ASSERT_EQ(m->windows(), windows) << "the device binds no type-2 memory windows";
+  }
   // What rank r published ("base:slots:bytes:rkeys:boardBytes:boardBase:
   // boardStride:boardRkeys"): a region's base and one rkey per peer, for
   // the slots (field 0) or the one-shot board (field 5).
@@ -410,31 +456,8 @@ void peerAccessCase(bool windows) {
                                         local.size(), IBV_ACCESS_LOCAL_WRITE));
   }
   const verbs::MrPtr* mr = &mrs[0];
-  uint64_t nextId = 1000;
   auto attempt = [&](ibv_qp* qp, ibv_wr_opcode opcode, uint64_t remote, uint32_t rkey) {
-    ibv_sge sge{
-        .addr = reinterpret_cast<uintptr_t>(local.data()), .length = 64, .lkey = (*mr)->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = ++nextId;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = opcode;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = remote;
-    wr.wr.rdma.rkey = rkey;
-    ibv_send_wr* bad = nullptr;
-    EXPECT_EQ(ibv_post_send(qp, &wr, &bad), 0);
-    const auto deadline = Clock::now() + 20s;
-    while (Clock::now() < deadline) {
-      std::array<ibv_wc, 4> wcs;
-      const int n = attackerMesh->cq().poll(wcs);
-      for (int i = 0; i < n; ++i) {
-        if (wcs[static_cast<size_t>(i)].wr_id == wr.wr_id)
-          return wcs[static_cast<size_t>(i)].status;
-      }
-    }
-    ADD_FAILURE() << "no completion";
-    return IBV_WC_GENERAL_ERR;
+    return rawTransfer(*attackerMesh, qp, opcode, local.data(), (*mr)->lkey, remote, rkey);
   };
   // Rank 0's slots for rank 1 (the first of rank 0's peers): writable, not readable.
   const auto [base0, rkeys0, unused0] = published(0);
@@ -491,6 +514,81 @@ TEST(InProcess, APeerCanOnlyWriteItsOwnSlots) {
 // windows: the boundary is the group.
 TEST(InProcess, WithoutWindowsAnotherPeersRkeyOpensItsSlots) {
   peerAccessCase(/*windows=*/false);
+}
+
+// docs/security.md, "Memory the user registered": the rkey an advert
+// carries opens the whole registration, not only the advertised receive,
+// and after the operation too, for as long as the memory stays registered;
+// deregistering closes it. Rank 0 runs a ring allgather into registered
+// memory and so sends rank 1 an advert; rank 1 takes the advert off its
+// own slots, as any peer can, and writes with it through its own queue
+// pair after rank 0's operation ended (timed out: rank 1 never sends).
+TEST(InProcess, AnAdvertsRkeyOpensTheRegistrationUntilDeregistered) {
+  HashStore store(20s);
+  constexpr int kSize = 2;
+  constexpr size_t kBytes = 64 << 10;
+  auto [meshes, transports, errors] =
+      formInProcess(store, "advert", kSize, quickConfig(), TransportOptions{.slotsPerPeer = 4});
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  // Rank 0: the backend's registrations, and an engine that uses them.
+  RegistrationCache registered(userMemoryRegistrar(meshes[0]->pd()), true, /*pageBytes=*/1);
+  PageBuffer target(kBytes);
+  std::fill_n(target.data(), kBytes, uint8_t{0x11});
+  registered.add(target.data(), kBytes);
+  auto engine =
+      std::make_unique<Engine>(std::move(transports[0]), EngineOptions{.group = "advert",
+                                                                       .rank = 0,
+                                                                       .size = kSize,
+                                                                       .registrations = &registered,
+                                                                       .zeroCopyMinBytes = 4096});
+  auto op = std::make_unique<Operation>();
+  op->type = OpType::AllgatherBase;
+  op->timeout = 3s;
+  op->schedule = std::make_shared<Plan>(
+      algorithms::ringAllgather(0, kSize, evenBlocks(kBytes, kSize, 1)), Algorithm::Ring);
+  op->sendBase = op->recvBase = target.data();
+  op->dtype = DataType::UInt8;
+  op->checkValue = kBytes;
+  auto work = engine->submit(std::move(op));
+  // Rank 1 reads what arrives in its slots.
+  struct Reader final : TransportSink {
+    Transport& transport;
+    std::optional<wire::Header> advert;
+    explicit Reader(Transport& t) : transport(t) {}
+    void arrived(int peer, const Incoming& in) override {
+      if (in.header.kind == wire::MessageKind::Advert) advert = in.header;
+      transport.release(peer, in.slot);
+    }
+    void failed(int, Error) override {}
+  } reader(*transports[1]);
+  for (auto until = Clock::now() + 20s; !reader.advert && Clock::now() < until;) {
+    transports[1]->poll(reader);
+  }
+  ASSERT_TRUE(reader.advert) << "rank 0 advertised no direct receive";
+  const wire::Header advert = *reader.advert;
+  const auto begin = reinterpret_cast<uintptr_t>(target.data());
+  ASSERT_EQ(advert.addr, begin + kBytes / 2);  // rank 1's block
+  ASSERT_EQ(advert.length, kBytes / 2);
+  EXPECT_THROW(work->wait(), Error);  // over: timed out
+  PageBuffer local(4096);
+  auto mr =
+      verbs::registerMemory(meshes[1]->pd(), local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_qp* qp = meshes[1]->qp(0);
+  // Outside the advertised receive, after the operation: lands.
+  std::fill_n(local.data(), 64, uint8_t{0x5a});
+  EXPECT_EQ(
+      rawTransfer(*meshes[1], qp, IBV_WR_RDMA_WRITE, local.data(), mr->lkey, begin, advert.rkey),
+      IBV_WC_SUCCESS);
+  EXPECT_EQ(std::count(target.data(), target.data() + 64, uint8_t{0x5a}), 64);
+  // Deregistered: refused, and the memory keeps what it had.
+  registered.remove(target.data());
+  std::fill_n(local.data(), 64, uint8_t{0x77});
+  EXPECT_EQ(
+      rawTransfer(*meshes[1], qp, IBV_WR_RDMA_WRITE, local.data(), mr->lkey, begin, advert.rkey),
+      IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(std::count(target.data(), target.data() + 64, uint8_t{0x5a}), 64);
+  engine.reset();
+  transports.clear();
 }
 
 TEST(InProcess, SingleRankGroupNeedsNoPeers) {

@@ -11,6 +11,7 @@
 #include "src/transport/rdma/transport.hpp"
 #include "src/transport/rdma/transport_impl.hpp"
 #include "verbs/error.hpp"
+#include "verbs/qp.hpp"
 
 namespace rdmacc {
 
@@ -27,6 +28,19 @@ size_t autoSlotBytes(int worldSize, int slotsPerPeer) {
 std::unique_ptr<Transport> makeRdmaTransport(Mesh& mesh, Store& store,
                                              const TransportOptions& options) {
   return std::make_unique<rdma::RdmaTransport>(mesh, store, options);
+}
+
+RegistrationCache::Registrar userMemoryRegistrar(ibv_pd* pd) {
+  return [pd](uintptr_t begin, size_t length) {
+    if (pd == nullptr) return Registration{.begin = begin, .end = begin + length};
+    std::shared_ptr<ibv_mr> mr = verbs::registerMemory(pd, reinterpret_cast<void*>(begin), length,
+                                                       verbs::kRemoteWriteAccess);
+    return Registration{.begin = begin,
+                        .end = begin + length,
+                        .lkey = mr->lkey,
+                        .rkey = mr->rkey,
+                        .owner = std::move(mr)};
+  };
 }
 
 }  // namespace rdmacc

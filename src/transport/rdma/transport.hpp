@@ -10,7 +10,10 @@
 
 #include "rdmacc/store.hpp"
 #include "src/transport/options.hpp"
+#include "src/transport/registration_cache.hpp"
 #include "src/transport/transport.hpp"
+
+struct ibv_pd;
 
 namespace rdmacc {
 
@@ -28,5 +31,12 @@ size_t autoSlotBytes(int worldSize, int slotsPerPeer);
 // with autoSlotBytes. Keeps references to the mesh and the registrations.
 std::unique_ptr<Transport> makeRdmaTransport(Mesh& mesh, Store& store,
                                              const TransportOptions& options);
+
+// How memory the user registers (registerMemory) is registered with `pd`:
+// exactly [begin, begin + length), with remote write, since peers write
+// direct receives into it with the rkey an advert carries (that rkey opens
+// the whole registration until it is deregistered: docs/security.md). A
+// null pd (no RDMA peer) registers nothing with a device.
+RegistrationCache::Registrar userMemoryRegistrar(ibv_pd* pd);
 
 }  // namespace rdmacc
