@@ -135,7 +135,8 @@ void VerbsBackend::Impl::makeRails(const Options& options, const std::vector<boo
                     .endpoint = endpoints[i],
                     .lazy = lazyConnections(),
                     .allGather = options.allGather,
-                    .deferStart = defer}));
+                    .deferStart = defer,
+                    .transportConnects = true}));
   }
 }
 

@@ -358,7 +358,8 @@ InProcessGroup formInProcess(Store& store, const std::string& group, int size, c
     threads.emplace_back([&, r] {
       const auto i = static_cast<size_t>(r);
       try {
-        g.meshes[i] = std::make_unique<Mesh>(store, r, size, config, MeshOptions{.group = group});
+        g.meshes[i] = std::make_unique<Mesh>(
+            store, r, size, config, MeshOptions{.group = group, .transportConnects = true});
         TransportOptions mine = options;
         mine.group = group;
         mine.rank = r;
@@ -402,16 +403,16 @@ ibv_wc_status rawTransfer(Mesh& mesh, ibv_qp* qp, ibv_wr_opcode opcode, uint8_t*
   return IBV_WC_GENERAL_ERR;
 }
 
-// What a peer can reach of our memory (docs/security.md): its own slots, by
-// writing. A READ of them fails (nothing is registered for remote reads),
-// a write into another peer's slots with its own rkey fails (one
-// registration and rkey per peer; there used to be one for the whole
-// region), and so does a write with the other peer's rkey, which it can
-// read in the store, through its own queue pair (a memory window bound to
-// the other peer's queue pair; with one protection domain and no windows
-// that rkey was good on every queue pair and the write landed, as it still
-// does with RDMACC_MEMORY_WINDOWS=0: the second case): the NIC checks,
-// whatever the peer's code does.
+// What a peer can reach of our memory (docs/security.md): its own slots
+// and one-shot board entries, by writing. A READ of them fails (nothing is
+// registered for remote reads), a write into another peer's slots or board
+// entries with its own rkey fails (one registration and rkey per peer),
+// and so does a write with the other peer's rkey, which its hellos carry,
+// through the attacker's own queue pair (a memory window bound to the other
+// peer's queue pair; with one protection domain and no windows that rkey is
+// good on every queue pair and the write lands, as it does with
+// RDMACC_MEMORY_WINDOWS=0: the second case): the NIC checks, whatever the
+// peer's code does.
 void peerAccessCase(bool windows) {
   HashStore store(20s);
   constexpr int kSize = 4;
@@ -424,27 +425,19 @@ void peerAccessCase(bool windows) {
   for (const auto& m : meshes) {
     ASSERT_EQ(m->windows(), windows) << "the device binds no type-2 memory windows";
   }
-  // What rank r published ("base:slots:bytes:rkeys:boardBytes:boardBase:
-  // boardStride:boardRkeys"): a region's base and one rkey per peer, for
-  // the slots (field 0) or the one-shot board (field 5).
-  auto published = [&](int r, size_t baseField = 0) {
-    const std::string text = toString(store.get(fmt::format("rdmacc/engine/exposed/slots/{}", r)));
-    std::vector<std::string> fields;
-    for (size_t at = 0; at <= text.size();) {
-      size_t colon = std::min(text.find(':', at), text.size());
-      fields.push_back(text.substr(at, colon - at));
-      at = colon + 1;
-    }
-    EXPECT_EQ(fields.size(), 8u) << text;
-    const auto base = std::stoull(fields.at(baseField));
-    std::vector<uint32_t> rkeys;
-    const std::string& list = fields.at(baseField == 0 ? 3 : 7);
-    for (size_t at = 0; at <= list.size();) {
-      size_t comma = std::min(list.find(',', at), list.size());
-      rkeys.push_back(static_cast<uint32_t>(std::stoul(list.substr(at, comma - at))));
-      at = comma + 1;
-    }
-    return std::tuple(base, rkeys, fields.size() == 8 ? std::stoull(fields[6]) : 0);
+  // Rank `owner`'s slots for rank `peer`, as its hellos gave them to `peer`
+  // (and so as any rank that saw them could name them); its board entries
+  // for `peer` follow the slots.
+  auto slotsAt = [&](int owner, int peer) {
+    const std::vector<SlotAdvert> lanes = meshes[static_cast<size_t>(peer)]->remoteSlots(owner);
+    EXPECT_EQ(lanes.size(), 1u);
+    EXPECT_EQ(lanes.at(0).slots, kSlots);
+    return lanes.at(0);
+  };
+  auto boardAt = [&](int owner, int peer) {
+    const SlotAdvert slots = slotsAt(owner, peer);
+    EXPECT_GT(slots.boardBytes, 0) << "rank " << owner << " offered no one-shot board";
+    return slots.base + kSlots * kSlotBytes4k;
   };
   PageBuffer local(4096);
   // Each attempt that fails breaks the attacker's queue pair: rank 1 tries
@@ -459,50 +452,43 @@ void peerAccessCase(bool windows) {
   auto attempt = [&](ibv_qp* qp, ibv_wr_opcode opcode, uint64_t remote, uint32_t rkey) {
     return rawTransfer(*attackerMesh, qp, opcode, local.data(), (*mr)->lkey, remote, rkey);
   };
-  // Rank 0's slots for rank 1 (the first of rank 0's peers): writable, not readable.
-  const auto [base0, rkeys0, unused0] = published(0);
-  ASSERT_EQ(rkeys0.size(), 3u);
-  EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, base0, rkeys0[0]), IBV_WC_SUCCESS);
+  // Rank 0's slots for rank 1: writable, not readable.
+  const SlotAdvert own0 = slotsAt(0, 1);
+  EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, own0.base, own0.rkey), IBV_WC_SUCCESS);
   // Refused by the peer's queue pair (no remote read access: rxe says
   // "invalid request") or by its memory region (access error).
-  const auto read = attempt(attackerMesh->qp(0), IBV_WR_RDMA_READ, base0, rkeys0[0]);
+  const auto read = attempt(attackerMesh->qp(0), IBV_WR_RDMA_READ, own0.base, own0.rkey);
   EXPECT_TRUE(read == IBV_WC_REM_INV_REQ_ERR || read == IBV_WC_REM_ACCESS_ERR)
       << ibv_wc_status_str(read);
-  // Rank 2's region: rank 0's slots first, then rank 1's. Rank 1's rkey
-  // opens its own slots only.
-  const auto [base2, rkeys2, unused2] = published(2);
-  ASSERT_EQ(rkeys2.size(), 3u);
-  const uint64_t ownAtRank2 = base2 + kSlots * kSlotBytes4k;
-  EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, ownAtRank2, rkeys2[1]), IBV_WC_SUCCESS);
-  EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, base2, rkeys2[1]),
+  // At rank 2, rank 1's rkey opens its own slots, not rank 0's.
+  const SlotAdvert own2 = slotsAt(2, 1);
+  EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, own2.base, own2.rkey), IBV_WC_SUCCESS);
+  EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, slotsAt(2, 0).base, own2.rkey),
             IBV_WC_REM_ACCESS_ERR);
-  // The one-shot board the same: [source rank][2 entries of `stride`];
-  // rank 2's board rkey at rank 0 opens rank 2's entries, not rank 1's.
+  // The one-shot board the same: rank 2's rkey at rank 0 opens rank 2's
+  // entries, not rank 1's.
   attackerMesh = meshes[2].get();
   mr = &mrs[1];
-  const auto [board0, boardKeys0, stride] = published(0, 5);
-  ASSERT_EQ(boardKeys0.size(), 3u);
-  ASSERT_GE(stride, 64u);
-  EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, board0 + 2 * 2 * stride, boardKeys0[1]),
+  const uint32_t rkey2at0 = slotsAt(0, 2).rkey;
+  EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, boardAt(0, 2), rkey2at0),
             IBV_WC_SUCCESS);
-  EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, board0 + 1 * 2 * stride, boardKeys0[1]),
+  EXPECT_EQ(attempt(attackerMesh->qp(0), IBV_WR_RDMA_WRITE, boardAt(0, 1), rkey2at0),
             IBV_WC_REM_ACCESS_ERR);
-  // Rank 3 with rkeys rank 1 and rank 2 published for rank 0, through its
-  // own queue pairs: rank 1's slots for rank 0 (the first in its region),
-  // rank 2's board entries for rank 0. Refused; the victims' memory keeps
-  // none of rank 3's bytes. Without windows both land.
+  // Rank 3 with the rkeys rank 1 and rank 2 gave rank 0, through its own
+  // queue pairs: rank 1's slots for rank 0, rank 2's board entries for
+  // rank 0. Refused; the victims' memory keeps none of rank 3's bytes.
+  // Without windows both land.
   const ibv_wc_status expected = windows ? IBV_WC_REM_ACCESS_ERR : IBV_WC_SUCCESS;
   attackerMesh = meshes[3].get();
   mr = &mrs[2];
   std::fill_n(local.data(), 64, uint8_t{0xa5});
-  const auto [base1, rkeys1, unused1] = published(1);
-  ASSERT_EQ(rkeys1.size(), 3u);
-  EXPECT_EQ(attempt(attackerMesh->qp(1), IBV_WR_RDMA_WRITE, base1, rkeys1[0]), expected);
+  const SlotAdvert victim1 = slotsAt(1, 0);
+  EXPECT_EQ(attempt(attackerMesh->qp(1), IBV_WR_RDMA_WRITE, victim1.base, victim1.rkey), expected);
   const uint8_t* slotAtRank1 = transports[1]->payload(0, 0) - wire::kHeaderBytes;
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(slotAtRank1), victim1.base);
   EXPECT_EQ(std::count(slotAtRank1, slotAtRank1 + 64, uint8_t{0xa5}), windows ? 0 : 64);
-  const auto [board2, boardKeys2, stride2] = published(2, 5);
-  ASSERT_EQ(boardKeys2.size(), 3u);
-  EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, board2, boardKeys2[0]), expected);
+  EXPECT_EQ(attempt(attackerMesh->qp(2), IBV_WR_RDMA_WRITE, boardAt(2, 0), slotsAt(2, 0).rkey),
+            expected);
   transports.clear();
 }
 

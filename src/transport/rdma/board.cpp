@@ -55,10 +55,10 @@ void RdmaTransport::post(uint64_t sequence, uint64_t check, const uint8_t* data,
   const uint64_t op = boardPosted_++;
   board_words::encode(boardWords_.data(), flagOf(op), sequence, check, data, bytes);
   const auto length = static_cast<uint32_t>(8 * board_words::entryWords(bytes));
-  const uint64_t offset = (op % kBoardEntries) * boardStride_;
   for (int rank = 0; rank < size_; ++rank) {
     if (rank == rank_) continue;
     PeerState& p = peer(rank);
+    const uint64_t offset = (op % kBoardEntries) * p.boardRemoteStride;
     Lane& lane = p.lanes[0];
     // Signaled only once half the send queue holds unsignaled writes: a
     // completion wakes a sleeping engine thread, and nothing waits for these.
@@ -91,8 +91,8 @@ const uint8_t* RdmaTransport::peek(int from, uint64_t sequence, uint64_t check, 
   if (boardHave_[from] != 0) return payload;
   const uint64_t op = boardPosted_ - 1;
   const auto* words = reinterpret_cast<const uint64_t*>(
-      boardRegion_.data() +
-      (static_cast<size_t>(from) * kBoardEntries + op % kBoardEntries) * boardStride_);
+      peer(from).recvBase + static_cast<size_t>(slotsPerPeer_) * slotBytes_ +
+      (op % kBoardEntries) * boardStride_);
   const uint32_t previous = op >= kBoardEntries ? flagOf(op - kBoardEntries) : 0;
   const board_words::Result r = board_words::decode(words, bytes, flagOf(op), previous, payload);
   if (r.state == board_words::State::Pending) return nullptr;

@@ -75,7 +75,8 @@ std::array<uint8_t, kHelloBytes> encode(const Hello& h) {
   uint8_t* p = out.data();
   put<uint32_t>(p, kMagic);
   put<uint16_t>(p, h.version);
-  put<uint16_t>(p, h.qpIndex);
+  put<uint8_t>(p, h.qpIndex);
+  put<uint8_t>(p, static_cast<uint8_t>((h.lazy ? 0x80u : 0u) | (h.boardBytes & kMaxBoardBytes)));
   put<uint32_t>(p, h.rank);
   put<uint32_t>(p, h.targetRank);
   put<uint32_t>(p, h.worldSize);
@@ -94,7 +95,10 @@ std::optional<Hello> decodeHello(std::span<const uint8_t> bytes) {
   if (get<uint32_t>(p) != kMagic) return std::nullopt;
   Hello h;
   h.version = get<uint16_t>(p);
-  h.qpIndex = get<uint16_t>(p);
+  h.qpIndex = get<uint8_t>(p);
+  const auto mode = get<uint8_t>(p);
+  h.lazy = (mode & 0x80u) != 0;
+  h.boardBytes = static_cast<uint8_t>(mode & kMaxBoardBytes);
   h.rank = get<uint32_t>(p);
   h.targetRank = get<uint32_t>(p);
   h.worldSize = get<uint32_t>(p);
@@ -134,7 +138,7 @@ std::optional<RejectReason> validate(const Hello& h, const Expectation& e) {
     return RejectReason::BadRank;
   }
   if (h.qpIndex >= e.qpsPerPeer) return RejectReason::BadQpIndex;
-  if ((h.slotsPerPeer == 0) != (e.slotsPerPeer == 0)) return RejectReason::ConnectModeMismatch;
+  if (h.lazy != e.lazy) return RejectReason::ConnectModeMismatch;
   if (h.slotsPerPeer != e.slotsPerPeer || h.slotBytes != e.slotBytes) {
     return RejectReason::SlotMismatch;
   }

@@ -19,24 +19,31 @@
 namespace rdmacc::handshake {
 
 constexpr uint32_t kMagic = 0x43434452;  // "RDCC"
-constexpr uint16_t kVersion = 6;
+constexpr uint16_t kVersion = 7;
 constexpr size_t kProofBytes = 16;
 constexpr size_t kHelloBytes = 40 + kProofBytes;  // all 56 bytes of an IB CM REQ's private data
 static_assert(kHelloBytes <= 56, "rdma_cm carries 56 bytes of private data in a request");
 constexpr size_t kRejectBytes = 8;
+// The largest one-shot board a hello can offer (7 bits).
+constexpr uint8_t kMaxBoardBytes = 127;
 
 // Sent by the connecting side in the REQ and by the accepting side in the REP.
 struct Hello {
   uint16_t version = kVersion;
-  uint16_t qpIndex = 0;
+  uint8_t qpIndex = 0;
+  // Whether the sender connects on first use (RDMACC_CONNECT; eager: at
+  // formation), and the one-shot board it offers (payload bytes, 0: none;
+  // eager only: its entries follow the slots, under the same rkey). One
+  // byte on the wire: the flag is its top bit.
+  bool lazy = false;
+  uint8_t boardBytes = 0;
   uint32_t rank = 0;        // sender
   uint32_t targetRank = 0;  // receiver
   uint32_t worldSize = 0;
   uint16_t activeMtu = 0;  // sender port's active MTU, bytes
-  // Connected on first use (RDMACC_CONNECT): the sender's slots for the
-  // receiver, which writes into them with this rkey from slotBase on. Zero
-  // when the group connects eagerly (the slot tables then go through the
-  // store or the launcher's fence).
+  // The sender's slots for the receiver, which writes into them with this
+  // rkey from slotBase on (eager or lazy: no slot table goes through the
+  // store).
   uint16_t slotsPerPeer = 0;
   uint32_t slotBytes = 0;
   uint64_t slotBase = 0;
@@ -84,8 +91,9 @@ struct Expectation {
   Direction direction = Direction::Request;  // of the hello received
   uint32_t senderQpn = 0;                    // as rdma_cm reported it with the hello
   uint32_t qpsPerPeer = 1;
-  // This rank's slots per peer and slot size when connecting on first use
-  // (the sender must use the same); 0 when the group connects eagerly.
+  // Whether this rank connects on first use, and its slots per peer and
+  // slot size (the sender must use the same).
+  bool lazy = false;
   uint16_t slotsPerPeer = 0;
   uint32_t slotBytes = 0;
   // Inclusive range of ranks allowed to send this hello.

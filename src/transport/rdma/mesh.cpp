@@ -87,6 +87,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
       size_(size),
       qpsPerPeer_(static_cast<int>(config.getInt("RDMACC_QPS_PER_PEER"))),
       lazy_(options.lazy),
+      transportConnects_(options.transportConnects),
       group_(options.group),
       allGather_(options.allGather) {
   if (size < 1 || rank < 0 || rank >= size) {
@@ -163,6 +164,8 @@ void Mesh::open(const Config& config, const MeshOptions& options) {
   connections_.resize(static_cast<size_t>(size_ * qpsPerPeer_));
   peerAddresses_.resize(size_);
   if (size_ == 1) return;
+  if (!lazy_)
+    grantedInline_ = verbs::maxInlineData(verbs::createRcQp(pd_.get(), cq_->get(), params_).get());
 
   log(LogLevel::Debug, "rank {}: device resources ready", rank_);
   events_ = std::make_unique<verbs::EventChannel>();
@@ -239,18 +242,46 @@ void Mesh::start(Store& store, std::vector<bool> skip, const std::vector<std::st
       return;
     }
     if (published.empty()) groupStore.set(fmt::format("addr/{}", rank_), toBytes(address));
-    connectPeers(groupStore, deadline, published.empty() ? decltype(addresses){} : addresses);
-    log(LogLevel::Info, "rank {}: connected to all {} RDMA peers", rank_, connectedPeers());
+    pending_ = Pending{.deadline = deadline,
+                       .addresses = published.empty() ? decltype(addresses){} : addresses};
   } catch (const Error& e) {
-    // Tell the others now rather than let them wait for their timeout.
-    try {
-      if (e.kind() != ErrorKind::Timeout && !groupStore.check({"abort"})) {
-        groupStore.set("abort", toBytes(fmt::format("rank {}: {}", rank_, e.what())));
-      }
-    } catch (...) {
-    }
+    tellOthers(groupStore, e);
     throw;
   }
+  if (!transportConnects_) connectEveryone(store);
+}
+
+void Mesh::connectEveryone(Store& store) {
+  if (!pending_) return;  // lazy, a group of one, or connected already
+  Pending pending = std::move(*pending_);
+  pending_.reset();
+  PrefixStore groupStore("rdmacc/mesh/" + group_, std::shared_ptr<Store>(&store, [](Store*) {}));
+  groupStore.setTimeout(connectTimeout_);
+  try {
+    connectPeers(groupStore, pending.deadline, std::move(pending.addresses));
+  } catch (const Error& e) {
+    tellOthers(groupStore, e);
+    throw;
+  }
+  log(LogLevel::Info, "rank {}: connected to all {} RDMA peers", rank_, connectedPeers());
+}
+
+void Mesh::tellOthers(Store& groupStore, const Error& e) const {
+  try {
+    if (e.kind() != ErrorKind::Timeout && !groupStore.check({"abort"})) {
+      groupStore.set("abort", toBytes(fmt::format("rank {}: {}", rank_, e.what())));
+    }
+  } catch (...) {
+  }
+}
+
+std::vector<SlotAdvert> Mesh::remoteSlots(int peer) const {
+  std::vector<SlotAdvert> lanes;
+  for (int q = 0; q < qpsPerPeer_; ++q) {
+    const auto& c = connections_.at(static_cast<size_t>(peer * qpsPerPeer_ + q));
+    if (c) lanes.push_back(c->remote);
+  }
+  return lanes;
 }
 
 Mesh::~Mesh() = default;

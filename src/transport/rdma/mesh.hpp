@@ -38,20 +38,28 @@ struct MeshOptions {
   // Open the device and listen, then wait for start(): the caller publishes
   // record() with its own (the host record) and passes every rank's.
   bool deferStart = false;
+  // Eager: start() leaves connecting to the transport, which sets the
+  // slots the hellos carry first (setLocalSlots, then connectEveryone).
+  // Without, start() connects and the hellos carry no slots (a mesh used
+  // on its own: tests, rdmacc-perf -c write).
+  bool transportConnects = false;
 };
 
-// Where a rank's slots for one peer are (connections on first use carry it
-// in their hellos, src/transport/rdma/handshake.hpp).
+// Where a rank's slots for one peer are, as its hellos carry them
+// (src/transport/rdma/handshake.hpp): `slots` of `slotBytes` from `base`,
+// then (eager) the one-shot board entries of `boardBytes` payload, if any,
+// all written with `rkey`.
 struct SlotAdvert {
   uint16_t slots = 0;
   uint32_t slotBytes = 0;
   uint64_t base = 0;
   uint32_t rkey = 0;
+  uint8_t boardBytes = 0;
 };
 
-// This rank's slots for one peer of a connection made on first use: the
-// advert its hellos carry (rkey: the registration's) and the registration,
-// which a memory window per queue pair covers (Mesh::windows).
+// This rank's slots for one peer: the advert its hellos carry (rkey: the
+// registration's) and the registration, which a memory window per queue
+// pair covers (Mesh::windows).
 struct SlotRegion {
   SlotAdvert advert;
   ibv_mr* mr = nullptr;
@@ -61,6 +69,7 @@ struct SlotRegion {
 struct LocalSlots {
   uint16_t slotsPerPeer = 0;
   uint32_t slotBytes = 0;
+  uint8_t boardBytes = 0;                      // eager: the board this rank offers
   std::function<SlotRegion(int peer)> region;  // registered on the first call
 };
 
@@ -89,6 +98,12 @@ class Mesh {
   // ranks this one connects to and rank 0 must have one), or empty: the
   // addresses and secret go through the store (or the launcher) instead.
   void start(Store& store, std::vector<bool> skip, const std::vector<std::string>& published);
+  // Eager with MeshOptions::transportConnects: the handshake with every
+  // peer, after setLocalSlots; throws as the constructor does.
+  void connectEveryone(Store& store);
+  // Eager with MeshOptions::transportConnects, between start() and
+  // connectEveryone(): the transport may still set the hellos' slots.
+  bool awaitingConnect() const noexcept { return pending_.has_value(); }
   ~Mesh();
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
@@ -114,6 +129,12 @@ class Mesh {
   // "ip:port (GID ...)" for error messages.
   const std::string& peerAddress(int peer) const;
   const verbs::QpParams& qpParams() const noexcept { return params_; }
+  // Eager: the inline data the device grants a queue pair of qpParams()
+  // (a probe at opening: the one-shot board offered in the hellos fits it).
+  uint32_t grantedInline() const noexcept { return grantedInline_; }
+  // Eager, once connected: the peer's slots for this rank, by queue pair,
+  // as its hellos gave them.
+  std::vector<SlotAdvert> remoteSlots(int peer) const;
 
   // After the mesh formed: the rdma_cm event channel (readable when a peer
   // disconnects or, lazy, connects) and the peers that disconnected since
@@ -121,11 +142,11 @@ class Mesh {
   int eventFd() const noexcept;
   std::vector<int> takeDisconnectedPeers();
 
-  // Connecting on first use (MeshOptions::lazy). The hellos carry this
-  // rank's slots (LocalSlots); every peer's are slotsPerPeer of slotBytes
-  // (a peer with others is refused). Set once, before the first connect()
-  // or progress().
+  // Connecting on first use (MeshOptions::lazy).
   bool lazy() const noexcept { return lazy_; }
+  // The hellos carry this rank's slots (LocalSlots); every peer's are
+  // slotsPerPeer of slotBytes (a peer with others is refused). Set once,
+  // before connectEveryone() (eager) or the first connect() or progress().
   void setLocalSlots(LocalSlots localSlots);
   // Deallocates the windows over the slots (before their registrations go:
   // rxe refuses to deregister memory a window is bound to). Lazy: each
@@ -162,6 +183,9 @@ class Mesh {
   // lower rank's is read from the store as it appears).
   void connectPeers(Store& groupStore, std::chrono::steady_clock::time_point deadline,
                     std::vector<std::optional<std::pair<std::string, uint16_t>>> known);
+  // A formation error goes to the other ranks through the store's "abort"
+  // key rather than leave them to their timeout.
+  void tellOthers(Store& groupStore, const Error& e) const;
   // Lazy: every peer's (ip, port) through the store or the launcher.
   std::vector<std::optional<std::pair<std::string, uint16_t>>> exchangeAddresses(
       Store& store, const std::string& mine);
@@ -186,7 +210,17 @@ class Mesh {
   std::string secret_;  // keys the hellos' proofs (src/transport/rdma/handshake.hpp)
   std::chrono::milliseconds connectTimeout_{};
   bool lazy_ = false;
+  bool transportConnects_ = false;
   bool windows_ = false;
+  uint32_t grantedInline_ = 0;
+  LocalSlots localSlots_;
+  // Eager, between start() and connectEveryone(): when formation gives up,
+  // and every rank's address if the host records carried them.
+  struct Pending {
+    std::chrono::steady_clock::time_point deadline;
+    std::vector<std::optional<std::pair<std::string, uint16_t>>> addresses;
+  };
+  std::optional<Pending> pending_;
   bool connecting_ = false;  // lazy: attempts or retries under way
   std::string group_;
   AllGather allGather_;

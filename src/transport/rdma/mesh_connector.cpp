@@ -25,21 +25,26 @@ constexpr auto kResolveTimeout = 5000ms;
 constexpr auto kRetryDelay = 200ms;
 
 SlotAdvert advertOf(const handshake::Hello& h) {
-  return {
-      .slots = h.slotsPerPeer, .slotBytes = h.slotBytes, .base = h.slotBase, .rkey = h.slotRkey};
+  return {.slots = h.slotsPerPeer,
+          .slotBytes = h.slotBytes,
+          .base = h.slotBase,
+          .rkey = h.slotRkey,
+          .boardBytes = h.boardBytes};
 }
 
 }  // namespace
 
 std::array<uint8_t, handshake::kHelloBytes> Mesh::Connector::hello(Attempt& a,
                                                                    handshake::Direction direction) {
-  handshake::Hello h{.qpIndex = static_cast<uint16_t>(a.qpIndex),
+  handshake::Hello h{.qpIndex = static_cast<uint8_t>(a.qpIndex),
                      .rank = static_cast<uint32_t>(mesh.rank_),
                      .targetRank = static_cast<uint32_t>(a.peer),
                      .worldSize = static_cast<uint32_t>(mesh.size_),
                      .activeMtu = static_cast<uint16_t>(mesh.endpoint_.activeMtu)};
-  if (mesh.lazy_) {
-    a.mine = localSlots.region(a.peer);
+  h.lazy = mesh.lazy_;
+  if (const LocalSlots& local = mesh.localSlots_; local.region) {
+    a.mine = local.region(a.peer);
+    h.boardBytes = local.boardBytes;
     h.slotsPerPeer = a.mine.advert.slots;
     h.slotBytes = a.mine.advert.slotBytes;
     h.slotBase = a.mine.advert.base;
@@ -72,8 +77,9 @@ handshake::Expectation Mesh::Connector::expect(handshake::Direction direction,
                            .qpsPerPeer = static_cast<uint32_t>(mesh.qpsPerPeer_),
                            .minPeer = static_cast<uint32_t>(minPeer),
                            .maxPeer = static_cast<uint32_t>(maxPeer)};
-  e.slotsPerPeer = localSlots.slotsPerPeer;
-  e.slotBytes = localSlots.slotBytes;
+  e.lazy = mesh.lazy_;
+  e.slotsPerPeer = mesh.localSlots_.slotsPerPeer;
+  e.slotBytes = mesh.localSlots_.slotBytes;
   return e;
 }
 

@@ -30,7 +30,7 @@ struct Mesh::Connector {
     verbs::CmIdPtr id;
     verbs::QpPtr qp;
     verbs::Window window;  // see Connection::window
-    SlotRegion mine;       // lazy: what our hello gave
+    SlotRegion mine;       // what our hello gave (Mesh::setLocalSlots)
     int pathMtu = 0;
     SlotAdvert remote;
   };
@@ -49,7 +49,6 @@ struct Mesh::Connector {
   std::vector<int> lanesUp;
   std::vector<bool> failed;
   std::vector<std::string> lastProblem;
-  LocalSlots localSlots;  // lazy: every peer's slots are alike
   MeshEvents out;
   std::vector<int> disconnected;
   // Eager: looking up the lower ranks' addresses (mesh_eager.cpp).

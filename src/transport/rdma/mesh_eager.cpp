@@ -109,8 +109,16 @@ void Mesh::Connector::checkAbort() {
               fmt::format("another rank failed while the group was forming: {}", why));
 }
 
+// A look for the store's "abort" key after kAbortLook, then at doubling
+// gaps up to kAbortLookMax: a failure elsewhere ends the wait within a few
+// seconds, and a formation makes a handful of store requests per rank
+// however long it takes (Scale II asks 2 N + O(1) per job).
+constexpr auto kAbortLook = 500ms;
+constexpr auto kAbortLookMax = 4000ms;
+
 void Mesh::Connector::run() {
-  auto lastAbortCheck = Clock::now();
+  auto abortGap = std::chrono::duration_cast<Clock::duration>(kAbortLook);
+  auto nextAbortCheck = Clock::now() + abortGap;
   while (connected < needed()) {
     if (Clock::now() > deadline) timeout();
     lookUpAddresses();
@@ -123,9 +131,10 @@ void Mesh::Connector::run() {
         ++it;
       }
     }
-    if (now - lastAbortCheck > 500ms) {
+    if (now >= nextAbortCheck) {
       checkAbort();
-      lastAbortCheck = now;
+      abortGap = std::min<Clock::duration>(2 * abortGap, kAbortLookMax);
+      nextAbortCheck = now + abortGap;
     }
     while (auto event = mesh.events_->next(20ms)) handle(std::move(event));
   }

@@ -148,7 +148,7 @@ void Mesh::startConnector(std::vector<std::optional<std::pair<std::string, uint1
 }
 
 void Mesh::setLocalSlots(LocalSlots localSlots) {
-  if (connector_) connector_->localSlots = std::move(localSlots);
+  localSlots_ = std::move(localSlots);
 }
 
 void Mesh::dropWindows() {

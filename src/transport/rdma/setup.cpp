@@ -8,6 +8,7 @@
 #include "rdmacc/log.hpp"
 #include "src/store/store_util.hpp"
 #include "src/transport/rdma/board_words.hpp"
+#include "src/transport/rdma/handshake.hpp"
 #include "src/transport/rdma/transport.hpp"
 #include "src/transport/rdma/transport_impl.hpp"
 #include "verbs/error.hpp"
@@ -49,6 +50,27 @@ namespace rdmacc::rdma {
 
 using wire::kHeaderBytes;
 
+namespace {
+
+// The one-shot board this rank offers: RDMACC_RDMA_ONE_SHOT_BYTES, as far as
+// one inline write carries an entry (and a hello the size); none when a
+// peer is not on this rail's mesh (shared memory) or with a single rank.
+size_t boardBytesOffered(const Mesh& mesh, size_t wanted) {
+  if (wanted == 0 || mesh.size() < 2) return 0;
+  for (int rank = 0; rank < mesh.size(); ++rank) {
+    if (rank != mesh.rank() && !mesh.connects(rank)) return 0;
+  }
+  return std::min(
+      {wanted, board_words::maxPayload(mesh.grantedInline()), size_t{handshake::kMaxBoardBytes}});
+}
+
+// The bytes between a source's board entries, for entries of `boardBytes`.
+size_t boardStride(size_t boardBytes) {
+  return roundUp(8 * board_words::entryWords(boardBytes), 64);
+}
+
+}  // namespace
+
 RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& options)
     : mesh_(mesh),
       registrations_(options.registrations),
@@ -72,35 +94,45 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& o
   stallLimit_ =
       std::max(std::chrono::duration<double>(2 * retryBudget_), std::chrono::duration<double>(5.0));
   peers_.resize(size_);
-  if (mesh.lazy()) {
-    // Slots come with connections (the hellos carry them); no board, which
-    // would need every peer connected.
-    if (slotsPerPeer_ > UINT16_MAX || slotBytes_ > UINT32_MAX) {
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("{} slots of {} bytes do not fit a connection's hello", slotsPerPeer_,
-                              slotBytes_),
-                  "lower RDMACC_SLOTS_PER_PEER or RDMACC_SLOT_BYTES, or set RDMACC_CONNECT=eager");
-    }
-    mesh.setLocalSlots({.slotsPerPeer = static_cast<uint16_t>(slotsPerPeer_),
-                        .slotBytes = static_cast<uint32_t>(slotBytes_),
-                        .region = [this](int rank) { return localSlots(rank); }});
-    return;
+  // Each connected peer gets slots of its own, carried by the hellos (no
+  // slot table goes through the store); eager, the one-shot board's entries
+  // follow them.
+  if (slotsPerPeer_ > UINT16_MAX || slotBytes_ > UINT32_MAX) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{} slots of {} bytes do not fit a connection's hello", slotsPerPeer_,
+                            slotBytes_),
+                "lower RDMACC_SLOTS_PER_PEER or RDMACC_SLOT_BYTES");
   }
-  // A group of one has no peers; its regions are a token slot.
-  size_t region =
-      size_ == 1 ? slotBytes_
-                 : static_cast<size_t>(size_ - 1) * static_cast<size_t>(slotsPerPeer_) * slotBytes_;
-  recvRegion_ = PageBuffer(region);
-  stagingRegion_ = PageBuffer(region);
-  stagingMr_ =
-      verbs::registerMemory(mesh.pd(), stagingRegion_.data(), region, IBV_ACCESS_LOCAL_WRITE);
+  const size_t boardOffer = mesh.lazy() ? 0 : boardBytesOffered(mesh, options.rdmaOneShotBytes);
+  if (boardOffer > 0) boardStride_ = boardStride(boardOffer);
+  mesh.setLocalSlots({.slotsPerPeer = static_cast<uint16_t>(slotsPerPeer_),
+                      .slotBytes = static_cast<uint32_t>(slotBytes_),
+                      .boardBytes = static_cast<uint8_t>(boardOffer),
+                      .region = [this](int rank) { return localSlots(rank); }});
+  if (mesh.lazy()) return;  // no board, which would need every peer connected
+  if (size_ > 1 && !mesh.awaitingConnect()) {
+    throw Error(ErrorKind::Internal,
+                "the RDMA mesh connected before the transport gave it the slots its hellos carry",
+                "construct the Mesh with MeshOptions::transportConnects");
+  }
+  mesh.connectEveryone(store);
+  size_t groupBoard = boardOffer;
   for (int rank = 0; rank < size_; ++rank) {
-    if (rank == rank_) continue;
-    peer(rank).recvBase = recvRegion_.data() + slotOffset(rank, 0);
-    peer(rank).stagingBase = stagingRegion_.data() + slotOffset(rank, 0);
-    peer(rank).stagingLkey = stagingMr_->lkey;
+    if (!mesh_.connects(rank)) continue;
+    const std::vector<SlotAdvert> lanes = mesh_.remoteSlots(rank);
+    if (auto error = attach(rank, lanes)) throw *error;
+    // The board exists when every rank offers one (its size: the smallest
+    // offered); a rank with a peer through shared memory offers none, and
+    // every rank connects to it or is it.
+    groupBoard = std::min<size_t>(groupBoard, lanes.front().boardBytes);
+    if (lanes.front().boardBytes > 0) {
+      peer(rank).boardRemote =
+          lanes.front().base + static_cast<uint64_t>(slotsPerPeer_) * slotBytes_;
+      peer(rank).boardRemoteStride = boardStride(lanes.front().boardBytes);
+      peer(rank).boardRkey = lanes.front().rkey;
+    }
   }
-  connect(store, options.allGather, options.group, options.rdmaOneShotBytes);
+  setUpBoard(groupBoard);
 }
 
 // The access mesh_ gives peers to this rank's memory: through windows, or
@@ -109,24 +141,16 @@ static int remoteAccess(const Mesh& mesh) {
   return mesh.windows() ? verbs::kWindowedAccess : verbs::kRemoteWriteAccess;
 }
 
-uint32_t RdmaTransport::exposeTo(int rank, ibv_qp* qp, ibv_mr* mr, const uint8_t* addr,
-                                 size_t bytes) {
-  if (!mesh_.windows()) return mr->rkey;
-  windows_.push_back(verbs::allocateWindow(mesh_.pd()));
-  const uint64_t wrId = pack(WrId{WrKind::Bind, 0, static_cast<uint16_t>(rank), 0});
-  verbs::bindWindow(qp, windows_.back(), mr, addr, bytes, wrId, fmt::format("rank {}", rank));
-  return windows_.back().rkey;
-}
-
 SlotRegion RdmaTransport::localSlots(int rank) {
   PeerState& p = peer(rank);
   const size_t bytes = static_cast<size_t>(slotsPerPeer_) * slotBytes_;
+  const size_t region = bytes + (boardStride_ > 0 ? kBoardEntries * boardStride_ : 0);
   if (!p.recvMr) {
-    p.recv = PageBuffer(bytes);
+    p.recv = PageBuffer(region);
     p.staging = PageBuffer(bytes);
     // Its own registration: the rkey (or its windows') lets this peer write
-    // its slots, nothing else.
-    p.recvMr = verbs::registerMemory(mesh_.pd(), p.recv.data(), bytes, remoteAccess(mesh_));
+    // its slots and board entries, nothing else.
+    p.recvMr = verbs::registerMemory(mesh_.pd(), p.recv.data(), region, remoteAccess(mesh_));
     p.stagingMr =
         verbs::registerMemory(mesh_.pd(), p.staging.data(), bytes, IBV_ACCESS_LOCAL_WRITE);
     p.recvBase = p.recv.data();
@@ -139,42 +163,49 @@ SlotRegion RdmaTransport::localSlots(int rank) {
                      .rkey = p.recvMr->rkey},
           .mr = p.recvMr.get(),
           .addr = p.recv.data(),
-          .bytes = bytes};
+          .bytes = region};
 }
 
 void RdmaTransport::takeConnectionEvents() {
   if (!mesh_.lazy()) return;
   MeshEvents events = mesh_.progressConnections();
   for (const auto& [rank, lanes] : events.connected) {
-    // The handshake checked the geometry; the base is the peer's to choose,
-    // one for all queue pairs.
-    std::vector<uint32_t> rkeys;
-    for (const SlotAdvert& lane : lanes) {
-      if (lane.base != lanes.front().base) {
-        asyncFailures_.emplace_back(
-            rank, Error(ErrorInfo{.kind = ErrorKind::Protocol,
-                                  .message = fmt::format("rank {} gave its queue pairs different "
-                                                         "slot regions ({:#x} and {:#x})",
-                                                         rank, lanes.front().base, lane.base),
-                                  .peerRank = rank}));
-        break;
-      }
-      rkeys.push_back(lane.rkey);
+    if (auto error = attach(rank, lanes)) {
+      asyncFailures_.emplace_back(rank, std::move(*error));
+      continue;
     }
-    if (rkeys.size() != lanes.size()) continue;
-    attach(rank, lanes.front().base, rkeys);
     log(LogLevel::Debug, "rank {}: connected to rank {} on first use", rank_, rank);
   }
   for (auto& [rank, error] : events.failed) asyncFailures_.emplace_back(rank, std::move(error));
 }
 
-void RdmaTransport::attach(int rank, uint64_t remoteBase, const std::vector<uint32_t>& laneRkeys) {
+std::optional<Error> RdmaTransport::attach(int rank, const std::vector<SlotAdvert>& lanes) {
+  // The handshake checked the geometry; the base is the peer's to choose,
+  // one for all queue pairs.
+  for (const SlotAdvert& lane : lanes) {
+    if (lane.base != lanes.front().base || lane.boardBytes != lanes.front().boardBytes) {
+      return Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                             .message = fmt::format("rank {} gave its queue pairs different "
+                                                    "slot regions ({:#x} and {:#x}, boards of {} "
+                                                    "and {} bytes)",
+                                                    rank, lanes.front().base, lane.base,
+                                                    lanes.front().boardBytes, lane.boardBytes),
+                             .peerRank = rank});
+    }
+  }
+  if (lanes.size() != static_cast<size_t>(mesh_.qpsPerPeer())) {
+    return Error(ErrorInfo{.kind = ErrorKind::Internal,
+                           .message = fmt::format("{} of rank {}'s {} queue pairs are up",
+                                                  lanes.size(), rank, mesh_.qpsPerPeer()),
+                           .peerRank = rank});
+  }
+  const uint64_t remoteBase = lanes.front().base;
   PeerState& p = peer(rank);
   p.lanes.resize(static_cast<size_t>(mesh_.qpsPerPeer()));
   for (size_t i = 0; i < p.lanes.size(); ++i) {
     p.lanes[i].qp = mesh_.qp(rank, static_cast<int>(i));
     p.lanes[i].maxInline = verbs::maxInlineData(p.lanes[i].qp);
-    p.lanes[i].rkey = laneRkeys.at(i);
+    p.lanes[i].rkey = lanes[i].rkey;
   }
   p.remoteBase = remoteBase;
   p.window = SlotWindow(slotsPerPeer_);
@@ -185,138 +216,7 @@ void RdmaTransport::attach(int rank, uint64_t remoteBase, const std::vector<uint
     lane.posted.reserve(mesh_.qpParams().sendDepth);
     lane.mark = std::chrono::steady_clock::now();  // the stall watch starts now (checkStalls)
   }
-}
-
-// The one-shot board this rank offers: RDMACC_RDMA_ONE_SHOT_BYTES, as far as
-// one inline write carries an entry to every peer; none when a peer is not
-// on this rail's mesh (shared memory) or with a single rank.
-static size_t boardBytesOffered(const Mesh& mesh, size_t wanted) {
-  if (wanted == 0 || mesh.size() < 2) return 0;
-  uint32_t inlineBytes = UINT32_MAX;
-  for (int rank = 0; rank < mesh.size(); ++rank) {
-    if (rank == mesh.rank()) continue;
-    if (!mesh.connects(rank)) return 0;
-    inlineBytes = std::min(inlineBytes, verbs::maxInlineData(mesh.qp(rank, 0)));
-  }
-  return std::min(wanted, board_words::maxPayload(inlineBytes));
-}
-
-// Publishes "base:slots:slotBytes:rkeys,...:boardBytes:boardBase:boardStride:rkey,..."
-// (per peer, in rank order without this rank: its slots' rkey for each of
-// its queue pairs, "/"-separated, and its board entries' rkey for the
-// first) and sets up every peer from what it published. The board exists
-// when every rank offers one (its size: the smallest offered).
-void RdmaTransport::connect(Store& store, const AllGather& allGather, const std::string& groupName,
-                            size_t boardBytes) {
-  const size_t perPeer = static_cast<size_t>(slotsPerPeer_) * slotBytes_;
-  std::string rkeys;
-  // A peer reached through shared memory has no queue pair: rkey 0.
-  auto exposed = [&](int p, int lane, ibv_mr* mr, const uint8_t* addr, size_t bytes) {
-    return mesh_.connects(p) ? exposeTo(p, mesh_.qp(p, lane), mr, addr, bytes) : 0u;
-  };
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    uint8_t* slots = recvRegion_.data() + slotOffset(p, 0);
-    recvMrs_.push_back(verbs::registerMemory(mesh_.pd(), slots, perPeer, remoteAccess(mesh_)));
-    rkeys += rkeys.empty() ? "" : ",";
-    for (int lane = 0; lane < mesh_.qpsPerPeer(); ++lane) {
-      rkeys += fmt::format("{}{}", lane == 0 ? "" : "/",
-                           exposed(p, lane, recvMrs_.back().get(), slots, perPeer));
-    }
-  }
-  boardBytes = boardBytesOffered(mesh_, boardBytes);
-  std::string boardRkeys;
-  if (boardBytes > 0) {
-    boardStride_ = roundUp(8 * board_words::entryWords(boardBytes), 64);
-    const size_t perSource = kBoardEntries * boardStride_;
-    boardRegion_ = PageBuffer(static_cast<size_t>(size_) * perSource);
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      uint8_t* entries = boardRegion_.data() + static_cast<size_t>(p) * perSource;
-      boardMrs_.push_back(
-          verbs::registerMemory(mesh_.pd(), entries, perSource, remoteAccess(mesh_)));
-      boardRkeys += fmt::format("{}{}", boardRkeys.empty() ? "" : ",",
-                                exposed(p, 0, boardMrs_.back().get(), entries, perSource));
-    }
-  }
-  size_t groupBoard = boardBytes;
-  // Every peer's slot record at once (O(N) requests per group). Every rank
-  // of the group has this transport (a group on several hosts gives each
-  // rank a peer over RDMA), so every rank takes part.
-  std::vector<int> everyone, others;
-  std::vector<std::string> keys;
-  for (int rank = 0; rank < size_; ++rank) {
-    everyone.push_back(rank);
-    if (rank == rank_) continue;
-    others.push_back(rank);
-    keys.push_back(fmt::format("slots/{}", rank));
-  }
-  const std::vector<Bytes> records = exchangeRecords(
-      store, allGather, "rdmacc/engine/" + groupName + "/slots", rank_,
-      toBytes(
-          fmt::format("{}:{}:{}:{}:{}:{}:{}:{}", reinterpret_cast<uintptr_t>(recvRegion_.data()),
-                      slotsPerPeer_, slotBytes_, rkeys, boardBytes,
-                      reinterpret_cast<uintptr_t>(boardRegion_.data()), boardStride_, boardRkeys)),
-      everyone, others);
-  for (int rank = 0; rank < size_; ++rank) {
-    if (rank == rank_) continue;
-    const std::string& key = keys[peerIndex(rank_, rank)];
-    const std::string text = toString(records[peerIndex(rank_, rank)]);
-    const auto fields = splitFields(text, ':');
-    if (fields.size() != 8) {
-      throw Error(ErrorKind::Protocol,
-                  fmt::format("rank {} published malformed slot information '{}'", rank, text));
-    }
-    const uint64_t base = storeNumber(fields[0], UINT64_MAX, key);
-    const auto slots = static_cast<int>(storeNumber(fields[1], INT32_MAX, key));
-    const size_t slotBytes = storeNumber(fields[2], SIZE_MAX, key);
-    // Our rkey in the peer's list: its peers in rank order, without itself.
-    const size_t mine = peerIndex(rank, rank_);
-    const auto peerRkeys = splitFields(fields[3], ',');
-    if (peerRkeys.size() != static_cast<size_t>(size_ - 1)) {
-      throw Error(ErrorKind::Protocol, fmt::format("rank {} published {} rkeys for a group of {}",
-                                                   rank, peerRkeys.size(), size_));
-    }
-    std::vector<uint32_t> laneRkeys;
-    for (const auto& lane : splitFields(peerRkeys[mine], '/'))
-      laneRkeys.push_back(static_cast<uint32_t>(storeNumber(lane, UINT32_MAX, key)));
-    if (laneRkeys.size() != static_cast<size_t>(mesh_.qpsPerPeer())) {
-      throw Error(ErrorInfo{
-          .kind = ErrorKind::Protocol,
-          .message = fmt::format("rank {} published {} rkeys for this rank's {} queue pairs", rank,
-                                 laneRkeys.size(), mesh_.qpsPerPeer()),
-          .peerRank = rank,
-          .hint = "set RDMACC_QPS_PER_PEER the same on every rank"});
-    }
-    // The peer's board: our entries there, if it has one.
-    const size_t peerBoard = storeNumber(fields[4], 1u << 20, key);
-    groupBoard = std::min(groupBoard, peerBoard);
-    if (peerBoard > 0) {
-      const uint64_t boardBase = storeNumber(fields[5], UINT64_MAX, key);
-      const size_t stride = storeNumber(fields[6], 1u << 24, key);
-      const auto boardKeys = splitFields(fields[7], ',');
-      if (stride < 8 * board_words::entryWords(peerBoard) ||
-          boardKeys.size() != static_cast<size_t>(size_ - 1)) {
-        throw Error(ErrorKind::Protocol,
-                    fmt::format("rank {} published a malformed one-shot board '{}'", rank, text));
-      }
-      peer(rank).boardRemote =
-          boardBase + static_cast<uint64_t>(rank_) * kBoardEntries * static_cast<uint64_t>(stride);
-      peer(rank).boardRkey = static_cast<uint32_t>(storeNumber(boardKeys[mine], UINT32_MAX, key));
-    }
-    if (slots != slotsPerPeer_ || slotBytes != slotBytes_) {
-      throw Error(ErrorInfo{
-          .kind = ErrorKind::InvalidArgument,
-          .message = fmt::format("rank {} uses {} slots of {} bytes, this rank {} of {}", rank,
-                                 slots, slotBytes, slotsPerPeer_, slotBytes_),
-          .peerRank = rank,
-          .hint = "set RDMACC_SLOTS_PER_PEER and RDMACC_SLOT_BYTES the same on every rank"});
-    }
-    // Peers reached through shared memory have no queue pairs (no lanes).
-    if (mesh_.connects(rank))
-      attach(rank, base + mine * static_cast<uint64_t>(slots) * slotBytes, laneRkeys);
-  }
-  setUpBoard(groupBoard);
+  return std::nullopt;
 }
 
 }  // namespace rdmacc::rdma

@@ -73,12 +73,14 @@ struct PeerState {
   SlotWindow window;                  // credits, held slots, arrival checks
   std::vector<int> freeStaging;       // our staging slots for this peer
   std::vector<SlotWrite> slotWrites;  // by staging slot: zero-copy payloads in flight
-  // This rank's entries in the peer's one-shot board (transport/rdma/board.cpp).
+  // This rank's entries in the peer's one-shot board (transport/rdma/board.cpp):
+  // after its slots, the peer's stride apart.
   uint64_t boardRemote = 0;
+  size_t boardRemoteStride = 0;
   uint32_t boardRkey = 0;
-  // Where the peer's slots sit in this process: what it writes into, what we
-  // write from. Eager: inside the transport's two regions; lazy: the peer's
-  // own buffers and registrations, made when the connection starts.
+  // Where the peer's slots sit in this process: what it writes into (then
+  // its board entries, eager), what we write from. Its own buffers and
+  // registrations, made when the connection starts (Mesh::setLocalSlots).
   uint8_t* recvBase = nullptr;
   uint8_t* stagingBase = nullptr;
   uint32_t stagingLkey = 0;
@@ -163,35 +165,19 @@ class RdmaTransport final : public Transport, public Board {
   bool exclusive() const noexcept override { return true; }
 
  private:
-  // Both regions hold slotsPerPeer slots for every other rank, in rank order
-  // without this one: peerIndex(owner, peer) is where peer's slots sit in
-  // owner's region.
-  static size_t peerIndex(int owner, int peer) {
-    return static_cast<size_t>(peer < owner ? peer : peer - 1);
-  }
-  size_t slotOffset(int peer, int slot) const {
-    return (peerIndex(rank_, peer) * static_cast<size_t>(slotsPerPeer_) +
-            static_cast<size_t>(slot)) *
-           slotBytes_;
-  }
   uint8_t* stagingSlot(int peer, int slot) {
     return this->peer(peer).stagingBase + static_cast<size_t>(slot) * slotBytes_;
   }
   PeerState& peer(int rank) { return peers_[rank]; }
   const PeerState& peer(int rank) const { return peers_[rank]; }
 
-  void connect(Store& store, const AllGather& allGather, const std::string& group,
-               size_t boardBytes);
-  // A peer's lanes, credits and staging once its queue pairs are up.
-  void attach(int rank, uint64_t remoteBase, const std::vector<uint32_t>& laneRkeys);
-  // Connecting on first use (Mesh::lazy): this rank's slots for a peer,
-  // registered on the first call (the mesh binds a window per queue pair
-  // over them); connections that came up are attached, those that failed
-  // reported with the async failures.
+  // A peer's lanes, credits and staging once its queue pairs are up, from
+  // the slots their hellos gave (one region for all); an error naming the
+  // peer when they disagree.
+  std::optional<Error> attach(int rank, const std::vector<SlotAdvert>& lanes);
+  // This rank's slots (and eager, board entries) for a peer, registered on
+  // the first call (the mesh binds a window per queue pair over them).
   SlotRegion localSlots(int rank);
-  // Eager: the rkey for writes through qp (to rank) into [addr, addr +
-  // bytes) of mr: a window's bound to qp (Mesh::windows), or else mr's.
-  uint32_t exposeTo(int rank, ibv_qp* qp, ibv_mr* mr, const uint8_t* addr, size_t bytes);
   void takeConnectionEvents();
   int signalRun() const { return std::max(1, slotsPerPeer_ / 4); }
   bool mustSignal(const PeerState& p, const Lane& lane, bool usesStaging) const;
@@ -240,27 +226,19 @@ class RdmaTransport final : public Transport, public Board {
   int slotsPerPeer_;
   size_t slotBytes_;
   size_t chunk_;
-  PageBuffer recvRegion_;     // [peer][slot] of slotBytes: what peers write into
-  PageBuffer stagingRegion_;  // [peer][slot]: what we write from
-  // One registration of the receive region per peer, over that peer's slots
-  // only: its rkey lets it write those and nothing else of this process.
-  std::vector<verbs::MrPtr> recvMrs_;  // by peerIndex; after the mesh's PD
-  verbs::MrPtr stagingMr_;
   ByRank<PeerState> peers_;
   size_t creditReserve_ = 0;
   uint64_t arrivals_ = 0;
   bool pollSaturated_ = false;  // the last poll() took as many completions as it could
 
   // The one-shot board: kBoardEntries entries of boardStride_ bytes per
-  // source rank, [source][entry], each source's registered on its own (its
-  // rkey lets that peer write its own entries and nothing else).
+  // source rank, after the slots of that source's region (its rkey lets
+  // that peer write its own entries and nothing else).
   void setUpBoard(size_t maxBytes);
   size_t boardMax_ = 0;  // the group's: 0, no board
   size_t boardStride_ = 0;
-  PageBuffer boardRegion_;
-  std::vector<verbs::MrPtr> boardMrs_;  // by peerIndex
-  uint64_t boardPosted_ = 0;            // board operations posted so far
-  uint64_t boardSequence_ = 0;          // the collective of the open one
+  uint64_t boardPosted_ = 0;    // board operations posted so far
+  uint64_t boardSequence_ = 0;  // the collective of the open one
   size_t boardBytes_ = 0;
   bool boardOpen_ = false;  // posted, not yet consumed
   std::vector<uint64_t> boardWords_;
@@ -269,12 +247,6 @@ class RdmaTransport final : public Transport, public Board {
   ByRank<uint8_t> boardHave_;     // by rank: decoded for the open operation
   bool boardWaits_ = false;
   std::chrono::microseconds boardSleep_{0};
-
-  // Eager: memory windows over the slots and board entries, each bound to
-  // the queue pair of the peer it serves. Last: deallocated before the
-  // registrations they cover (recvMrs_, boardMrs_), and the mesh's queue
-  // pairs outlive the transport. (Lazy: the mesh's connections own them.)
-  std::vector<verbs::Window> windows_;
 };
 
 }  // namespace rdmacc::rdma

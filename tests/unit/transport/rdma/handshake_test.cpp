@@ -108,15 +108,17 @@ TEST(Handshake, AProofIsBoundToItsFieldsDirectionAndQueuePair) {
   EXPECT_EQ(wire.find(kSecret.substr(0, 8)), std::string::npos);
 }
 
-// Connecting on first use, a hello carries its sender's slots for the
-// receiver: they round-trip, the proof covers them, and a receiver that
-// connects the other way or has other slots says so.
-TEST(Handshake, LazyHellosCarryTheSlotsAndBindThem) {
+// A hello carries its sender's slots for the receiver, whether it connects
+// on first use, and (eager) the one-shot board it offers: they round-trip,
+// the proof covers them, and a receiver that connects the other way or has
+// other slots says so.
+TEST(Handshake, HellosCarryTheSlotsTheModeAndTheBoard) {
   Hello h = unsealed();
   h.slotsPerPeer = 16;
   h.slotBytes = 65536;
   h.slotBase = 0x7f0012345000;
   h.slotRkey = 0xabcdef;
+  h.lazy = true;
   seal(h, kSecret, Direction::Request, kQpn);
   const auto bytes = encode(h);
   ASSERT_EQ(bytes.size(), 56u);  // all of an IB CM REQ's private data
@@ -126,17 +128,36 @@ TEST(Handshake, LazyHellosCarryTheSlotsAndBindThem) {
   EXPECT_EQ(back->slotBytes, 65536u);
   EXPECT_EQ(back->slotBase, 0x7f0012345000u);
   EXPECT_EQ(back->slotRkey, 0xabcdefu);
+  EXPECT_TRUE(back->lazy);
+  EXPECT_EQ(back->qpIndex, 1u);
   Expectation lazy = expectation();
+  lazy.lazy = true;
   lazy.slotsPerPeer = 16;
   lazy.slotBytes = 65536;
   EXPECT_FALSE(validate(*back, lazy));
   Hello moved = *back;
   moved.slotBase += 4096;  // a relay pointing our writes elsewhere
   EXPECT_EQ(validate(moved, lazy), RejectReason::BadToken);
-  EXPECT_EQ(validate(*back, expectation()), RejectReason::ConnectModeMismatch);
-  EXPECT_EQ(validate(sample(), lazy), RejectReason::ConnectModeMismatch);
+  Expectation eager = lazy;
+  eager.lazy = false;
+  EXPECT_EQ(validate(*back, eager), RejectReason::ConnectModeMismatch);
   lazy.slotBytes = 32768;
   EXPECT_EQ(validate(*back, lazy), RejectReason::SlotMismatch);
+
+  // Eager: the board's size shares the mode's byte, and the proof covers it.
+  Hello board = unsealed();
+  board.boardBytes = kMaxBoardBytes;
+  seal(board, kSecret, Direction::Reply, kQpn);
+  const auto boardBack = decodeHello(encode(board));
+  ASSERT_TRUE(boardBack);
+  EXPECT_FALSE(boardBack->lazy);
+  EXPECT_EQ(boardBack->boardBytes, kMaxBoardBytes);
+  Expectation reply = expectation();
+  reply.direction = Direction::Reply;
+  EXPECT_FALSE(validate(*boardBack, reply));
+  Hello bigger = *boardBack;
+  bigger.boardBytes = 8;  // a relay shrinking the entries we write
+  EXPECT_EQ(validate(bigger, reply), RejectReason::BadToken);
 }
 
 TEST(Handshake, RejectRoundTrips) {
