@@ -6,7 +6,6 @@
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
-#include "src/store/store_util.hpp"
 #include "src/transport/rdma/board_words.hpp"
 #include "src/transport/rdma/handshake.hpp"
 #include "src/transport/rdma/transport.hpp"
