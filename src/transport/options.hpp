@@ -27,8 +27,9 @@ struct TransportOptions {
   // By rank: the peers reached through shared memory (transport/shm/);
   // the others through the RDMA rails. Empty: every peer through RDMA.
   std::vector<bool> sharedMemoryPeers;
-  // The launcher's exchange for the records of formation (slot tables,
-  // shared-memory segments); empty: the store's set and multiGet.
+  // The launcher's exchange for the shared-memory segments' records when
+  // they did not come with the host records; empty: the store's set and
+  // multiGet.
   AllGather allGather;
   // How long formation waits for a peer (RDMACC_CONNECT_TIMEOUT): e.g. for
   // every local peer to map this rank's shared-memory segment.
