@@ -118,7 +118,13 @@ void accept(rdma_cm_id* id, const ConnectParams& params) {
 
 void reject(rdma_cm_id* id, std::span<const uint8_t> data) noexcept {
   if (rdma_reject(id, data.data(), static_cast<uint8_t>(data.size())) != 0) {
-    log(LogLevel::Warn, "rdma_reject failed: {}", std::strerror(errno));
+    // EINVAL: the request is no longer pending - its sender withdrew it
+    // (two ranks that connect to each other at once each drop the attempt
+    // that loses, and the loser's withdrawal may arrive first): nothing to
+    // reject, nothing wrong.
+    const int error = errno;
+    log(error == EINVAL ? LogLevel::Debug : LogLevel::Warn, "rdma_reject failed: {}",
+        std::strerror(error));
   }
 }
 

@@ -141,6 +141,9 @@ void Executor::startCollective(Active& a) {
     }
   }
   a.started = true;
+  if (op.schedule) {
+    for (int peer : op.schedule->peers) transport_.prepare(peer);
+  }
   traceStage(options_.trace, EventTrace::Stage::Start, false, op.sequence);
   a.deadline = deadlineAfter(op.timeout);
   if (logEnabled(LogLevel::Trace))

@@ -21,6 +21,17 @@ void cover(Range& extent, const Range& r) {
 }  // namespace
 
 Plan::Plan(Schedule s, Algorithm a) : steps(std::move(s)), algorithm(a) {
+  std::vector<bool> named;
+  auto name = [&](int peer) {
+    if (peer < 0) return;
+    if (static_cast<size_t>(peer) >= named.size()) named.resize(static_cast<size_t>(peer) + 1);
+    if (!named[static_cast<size_t>(peer)]) peers.push_back(peer);
+    named[static_cast<size_t>(peer)] = true;
+  };
+  for (const Step& step : steps) {
+    for (const SendSpec& send : step.sends) name(send.peer);
+    for (const RecvSpec& recv : step.recvs) name(recv.peer);
+  }
   for (const Step& step : steps) {
     for (const SendSpec& send : step.sends) {
       largestSend = std::max(largestSend, send.range.bytes);

@@ -103,6 +103,10 @@ struct Plan {
   Range recvExtent;
   Range outExtent;         // receives toOutput (in the receive buffer's coordinates)
   size_t largestSend = 0;  // bytes of its largest send
+  // Every rank the steps send to or receive from, each once, in the order
+  // the steps first name them: a transport that connects on first use
+  // starts all of them when the operation starts (Transport::prepare).
+  std::vector<int> peers;
   // One-shot through the transport's board (transport/transport.hpp, Board) instead of
   // messages: one step whose sends and receives name every peer (whom the
   // operation waits for); every rank posts its send range and reduces all

@@ -140,6 +140,9 @@ class CompositeTransport final : public Transport, private TransportSink {
   void drain(const std::vector<bool>& dead) override {
     for (auto& child : children_) child->drain(dead);
   }
+  void prepare(int peer) override {
+    for (uint8_t c : carriersOf(peer)) children_[c]->prepare(peer);
+  }
 
  private:
   const std::vector<uint8_t>& carriersOf(int peer) const {

@@ -198,6 +198,12 @@ class Transport {
   // host. Shared memory: nothing (a dead process shows otherwise).
   virtual void probe(int peer) { (void)peer; }
 
+  // An operation that starts will talk to `peer`: a transport that connects
+  // on first use starts connecting now, so that the connections of all its
+  // steps are made at once rather than one step after another. Nothing
+  // when connected; errors show as for a send (poll reports them).
+  virtual void prepare(int peer) { (void)peer; }
+
   // The state of the path to `peer` (credits, queues), for a diagnosis when
   // an operation waiting for it times out.
   virtual std::string describePeer(int peer) const = 0;

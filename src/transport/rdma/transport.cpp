@@ -277,6 +277,11 @@ void RdmaTransport::onReceive(TransportSink& sink, int from, size_t laneIndex,
 
 // ----------------------------------------------------------- keep-alive --
 
+void RdmaTransport::prepare(int to) {
+  if (!mesh_.lazy() || !peer(to).lanes.empty()) return;
+  mesh_.connect(to);
+}
+
 void RdmaTransport::probe(int to) {
   PeerState& p = peer(to);
   // An operation waits for a peer not connected yet (lazy): connecting is

@@ -147,6 +147,7 @@ class RdmaTransport final : public Transport, public Board {
   }
   void drain(const std::vector<bool>& dead) override;
   void probe(int peer) override;
+  void prepare(int peer) override;
   Board* board() noexcept override { return boardMax_ > 0 ? this : nullptr; }
   std::optional<std::chrono::microseconds> pollingSleep() override;
 
