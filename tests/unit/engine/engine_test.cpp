@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "rdmacc/error.hpp"
 #include "src/engine/engine.hpp"
 #include "src/engine/progress_hub.hpp"
@@ -172,6 +174,31 @@ TEST(Engine, CollectivesOverlapAndCompleteInSubmissionOrder) {
     std::vector<uint64_t> want(kOps);
     std::iota(want.begin(), want.end(), 1);
     EXPECT_EQ(order[r], want) << "rank " << r;
+  }
+}
+
+// A collective that starts asks its transport to prepare every peer its
+// schedule names (a transport that connects on first use then makes all
+// those connections at once), before its first message: a dissemination
+// barrier on 8 ranks names 5 peers over 3 steps.
+TEST(Engine, ACollectivePreparesEveryPeerOfItsScheduleBeforeSending) {
+  constexpr int kSize = 8;
+  Group g(kSize, /*slots=*/4, /*slotBytes=*/256);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int r = 0; r < kSize; ++r) works.push_back(g[r].submit(barrier(r, kSize)));
+  for (auto& w : works) EXPECT_TRUE(w->wait());
+  for (int r = 0; r < kSize; ++r) {
+    std::vector<std::string> want;
+    for (int peer : Plan(algorithms::disseminationBarrier(r, kSize)).peers) {
+      want.push_back(fmt::format("prepare {}", peer));
+    }
+    ASSERT_EQ(want.size(), 5u);
+    const std::vector<std::string> got = g.net->journal(r);
+    ASSERT_GE(got.size(), want.size()) << "rank " << r;
+    EXPECT_EQ(std::vector<std::string>(got.begin(), got.begin() + 5), want) << "rank " << r;
+    for (size_t i = want.size(); i < got.size(); ++i) {
+      EXPECT_EQ(got[i].rfind("send ", 0), 0u) << "rank " << r << ": " << got[i];
+    }
   }
 }
 

@@ -62,6 +62,10 @@ class FakeNetwork::Fake final : public Transport {
     }
   }
   void drain(const std::vector<bool>&) override {}
+  void prepare(int peer) override {
+    std::lock_guard lock(net_->mutex_);
+    net_->ranks_[static_cast<size_t>(rank_)].journal.push_back(fmt::format("prepare {}", peer));
+  }
   std::string describePeer(int peer) const override {
     std::lock_guard lock(net_->mutex_);
     return fmt::format("{} of {} slots occupied",
@@ -110,6 +114,8 @@ bool FakeNetwork::trySend(int from, int to, const wire::Header& h, const uint8_t
   Rank& sender = ranks_[static_cast<size_t>(from)];
   Rank& receiver = ranks_[static_cast<size_t>(to)];
   if (sender.gone.count(to) || receiver.dead) return true;  // lost with the connection
+  const std::string entry = fmt::format("send {}", to);
+  if (sender.journal.empty() || sender.journal.back() != entry) sender.journal.push_back(entry);
   int& occupied = occupied_[static_cast<size_t>(from)][static_cast<size_t>(to)];
   // Credits the engine reserved are not ours to take (Transport::reserveCredits).
   if (occupied + static_cast<int>(sender.reserved) >= slotsPerPeer_) return false;
@@ -193,6 +199,11 @@ int FakeNetwork::maxOccupied(int from, int to) const {
 int FakeNetwork::messages(int from, int to) const {
   std::lock_guard lock(mutex_);
   return messages_[static_cast<size_t>(from)][static_cast<size_t>(to)];
+}
+
+std::vector<std::string> FakeNetwork::journal(int rank) const {
+  std::lock_guard lock(mutex_);
+  return ranks_[static_cast<size_t>(rank)].journal;
 }
 
 }  // namespace rdmacc::testing

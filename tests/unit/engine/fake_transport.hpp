@@ -40,6 +40,10 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
   // to poll, as under emulation): widens the gaps between the engine
   // thread's decisions in a round.
   void setPollDelay(int rank, std::chrono::microseconds delay);
+  // What `rank`'s transport was asked, in order: "prepare P" for each
+  // Transport::prepare, "send P" for the first message to P of each run of
+  // messages to it.
+  std::vector<std::string> journal(int rank) const;
 
  private:
   class Fake;
@@ -63,6 +67,7 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
     std::chrono::microseconds pollDelay{0};
     bool dead = false;
     int wake = -1;  // eventfd
+    std::vector<std::string> journal;
   };
   bool trySend(int from, int to, const wire::Header& h, const uint8_t* data);
   bool poll(int rank, TransportSink& sink);
