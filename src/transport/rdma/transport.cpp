@@ -50,12 +50,11 @@ bool RdmaTransport::trySend(int to, const Header& header, const uint8_t* data,
                             std::optional<DirectTarget> direct) {
   PeerState& p = peer(to);
   if (p.lanes.empty()) {  // not connected yet (lazy)
-    // A collective's peers connect when it starts (prepare: the higher rank
-    // of the pair starts, the lower waits); other messages start the
-    // connection themselves.
+    // A collective's peers connect when it starts (prepare); other
+    // messages start the connection themselves.
     const bool collective =
         header.kind == MessageKind::Collective || header.kind == MessageKind::Advert;
-    if (!collective || to < rank_) mesh_.connect(to);
+    if (!collective || startsPreparedPair(to)) mesh_.connect(to);
     if (mesh_.connecting()) takeConnectionEvents();
     return false;
   }
@@ -282,14 +281,8 @@ void RdmaTransport::onReceive(TransportSink& sink, int from, size_t laneIndex,
 
 // ----------------------------------------------------------- keep-alive --
 
-// Both ranks of a pair prepare it when the collective that names it
-// starts; if both connected, their attempts would cross and one would be
-// refused (a request, a queue pair and a rejection wasted per pair). The
-// higher rank starts, as at eager formation; the lower one accepts. Should
-// the higher rank be slow to get there, the lower one's keep-alive probe
-// connects (and a crossing is resolved as ever).
 void RdmaTransport::prepare(int to) {
-  if (!mesh_.lazy() || !peer(to).lanes.empty() || to > rank_) return;
+  if (!mesh_.lazy() || !peer(to).lanes.empty() || !startsPreparedPair(to)) return;
   mesh_.connect(to);
 }
 

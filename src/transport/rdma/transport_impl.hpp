@@ -148,6 +148,14 @@ class RdmaTransport final : public Transport, public Board {
   void drain(const std::vector<bool>& dead) override;
   void probe(int peer) override;
   void prepare(int peer) override;
+  // Both ranks of a pair prepare it when the collective that names it
+  // starts; if both connected, their attempts would cross and one would be
+  // refused (a request, a queue pair and a rejection wasted per pair). The
+  // higher rank starts, as at eager formation; the lower one accepts (its
+  // collective messages wait). Should the higher rank be slow to get there,
+  // the lower one's keep-alive probe connects (a crossing is resolved as
+  // ever).
+  bool startsPreparedPair(int peer) const noexcept { return peer < rank_; }
   Board* board() noexcept override { return boardMax_ > 0 ? this : nullptr; }
   std::optional<std::chrono::microseconds> pollingSleep() override;
 
