@@ -42,6 +42,7 @@ inline constexpr char kDeregMr[] = "ibv_dereg_mr";
 inline constexpr char kDestroyCq[] = "ibv_destroy_cq";
 inline constexpr char kDestroyCompChannel[] = "ibv_destroy_comp_channel";
 inline constexpr char kDestroyQp[] = "ibv_destroy_qp";
+inline constexpr char kDestroySrq[] = "ibv_destroy_srq";
 inline constexpr char kDestroyId[] = "rdma_destroy_id";
 inline constexpr char kDeallocMw[] = "ibv_dealloc_mw";
 // ibv_dealloc_mw is an inline function of verbs.h: wrapped to have an address.
@@ -61,6 +62,9 @@ using CompChannelPtr =
     std::unique_ptr<ibv_comp_channel,
                     Deleter<ibv_comp_channel, ibv_destroy_comp_channel, kDestroyCompChannel>>;
 using QpPtr = std::unique_ptr<ibv_qp, Deleter<ibv_qp, ibv_destroy_qp, kDestroyQp>>;
+// Destroyed after every queue pair attached to it (ibv_destroy_srq refuses
+// while one is).
+using SrqPtr = std::unique_ptr<ibv_srq, Deleter<ibv_srq, ibv_destroy_srq, kDestroySrq>>;
 using EventChannelPtr =
     std::unique_ptr<rdma_event_channel,
                     VoidDeleter<rdma_event_channel, rdma_destroy_event_channel>>;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -108,16 +109,17 @@ void bindWindow(ibv_qp* qp, const Window& window, ibv_mr* mr, const void* addr, 
   }
 }
 
-QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params) {
+QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params, ibv_srq* srq) {
   ibv_qp_init_attr init{};
   init.send_cq = cq;
   init.recv_cq = cq;
+  init.srq = srq;
   init.qp_type = IBV_QPT_RC;
   init.sq_sig_all = 0;
   init.cap.max_send_wr = params.sendDepth + kBindEntries;
-  init.cap.max_recv_wr = params.recvDepth;
+  init.cap.max_recv_wr = srq != nullptr ? 0 : params.recvDepth;
   init.cap.max_send_sge = 2;  // header + zero-copy payload
-  init.cap.max_recv_sge = 1;
+  init.cap.max_recv_sge = srq != nullptr ? 0 : 1;
   init.cap.max_inline_data = params.maxInline;
   QpPtr qp(ibv_create_qp(pd, &init));
   // Devices differ in how much inline data they allow (some none at all).
@@ -219,12 +221,16 @@ int postWrite(ibv_qp* qp, const WriteRequest& request) {
   return postWrites(qp, std::span(&request, 1));
 }
 
-int postEmptyRecvs(ibv_qp* qp, uint64_t wrId, uint32_t count) {
+namespace {
+
+// Posts count empty receives through post (ibv_post_recv or ibv_post_srq_recv).
+template <typename Queue, typename Post>
+int postEmpty(Queue* queue, uint64_t wrId, uint32_t count, Post post) {
   if (count == 1) {  // the data path's case (one repost per arrival): no allocation
     ibv_recv_wr wr{};
     wr.wr_id = wrId;
     ibv_recv_wr* bad = nullptr;
-    return ibv_post_recv(qp, &wr, &bad);
+    return post(queue, &wr, &bad);
   }
   std::vector<ibv_recv_wr> wrs(count);
   for (uint32_t i = 0; i < count; ++i) {
@@ -232,7 +238,37 @@ int postEmptyRecvs(ibv_qp* qp, uint64_t wrId, uint32_t count) {
     wrs[i].next = i + 1 < count ? &wrs[i + 1] : nullptr;
   }
   ibv_recv_wr* bad = nullptr;
-  return count == 0 ? 0 : ibv_post_recv(qp, wrs.data(), &bad);
+  return count == 0 ? 0 : post(queue, wrs.data(), &bad);
+}
+
+}  // namespace
+
+int postEmptyRecvs(ibv_qp* qp, uint64_t wrId, uint32_t count) {
+  return postEmpty(qp, wrId, count, [](ibv_qp* q, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+    return ibv_post_recv(q, wr, bad);
+  });
+}
+
+int postEmptyRecvs(ibv_srq* srq, uint64_t wrId, uint32_t count) {
+  return postEmpty(srq, wrId, count, [](ibv_srq* q, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+    return ibv_post_srq_recv(q, wr, bad);
+  });
+}
+
+SrqPtr createSrq(ibv_pd* pd, uint32_t entries) {
+  ibv_device_attr attr{};
+  if (ibv_query_device(pd->context, &attr) != 0 || attr.max_srq <= 0 || attr.max_srq_wr <= 0) {
+    return nullptr;
+  }
+  ibv_srq_init_attr init{};
+  init.attr.max_wr = std::min(entries, static_cast<uint32_t>(attr.max_srq_wr));
+  init.attr.max_sge = 1;
+  SrqPtr srq(ibv_create_srq(pd, &init));
+  if (!srq) {
+    log(LogLevel::Debug, "ibv_create_srq ({} entries) failed: {}; receive queues per queue pair",
+        init.attr.max_wr, std::strerror(errno));
+  }
+  return srq;
 }
 
 }  // namespace rdmacc::verbs

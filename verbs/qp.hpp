@@ -90,8 +90,13 @@ void bindWindow(ibv_qp* qp, const Window& window, ibv_mr* mr, const void* addr, 
 // the transport does not count among its writes.
 constexpr uint32_t kBindEntries = 2;
 
-// An RC QP on pd whose send and receive completions go to cq.
-QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params);
+// An RC QP on pd whose send and receive completions go to cq; its receives
+// come from srq when given (then it has no receive queue of its own).
+QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params, ibv_srq* srq = nullptr);
+// A shared receive queue on pd with room for `entries` receives (at most the
+// device's max_srq_wr); null when the device has none (max_srq 0) or
+// refuses one: the queue pairs then keep receive queues of their own.
+SrqPtr createSrq(ibv_pd* pd, uint32_t entries);
 // State transitions with the attributes rdma_cm computed for id (port, P_Key,
 // path), overridden by params (GID index, MTU, timeouts, retries).
 void moveToInit(ibv_qp* qp, rdma_cm_id* id);
@@ -118,8 +123,10 @@ struct WriteRequest {
 int postWrite(ibv_qp* qp, const WriteRequest& request);
 // Posts the requests as one chain (one doorbell), in order.
 int postWrites(ibv_qp* qp, std::span<const WriteRequest> requests);
-// Posts count receive WRs with no scatter entries (for WRITE_WITH_IMM).
+// Posts count receive WRs with no scatter entries (for WRITE_WITH_IMM), to
+// the queue pair's own receive queue or to a shared one.
 int postEmptyRecvs(ibv_qp* qp, uint64_t wrId, uint32_t count);
+int postEmptyRecvs(ibv_srq* srq, uint64_t wrId, uint32_t count);
 
 }  // namespace rdmacc::verbs
 

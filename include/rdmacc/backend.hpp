@@ -116,6 +116,11 @@ class VerbsBackend final : public Backend {
   // Queue pairs this rank holds now, over all rails (RDMACC_CONNECT=lazy:
   // only to the peers operations have talked to so far).
   int queuePairs() const;
+  // Receives posted for those queue pairs (writes with immediate data
+  // consume one each): with RDMACC_SRQ=1, 2 x RDMACC_SLOTS_PER_PEER + 4 per
+  // queue pair in one shared receive queue per rail, else
+  // RDMACC_QP_RECV_DEPTH per queue pair.
+  size_t receivesPosted() const;
   std::shared_ptr<Work> broadcast(std::vector<Tensor>& tensors,
                                   const BroadcastOptions& opts = BroadcastOptions()) override;
   std::shared_ptr<Work> allreduce(std::vector<Tensor>& tensors,

@@ -446,6 +446,12 @@ int VerbsBackend::queuePairs() const {
   return count;
 }
 
+size_t VerbsBackend::receivesPosted() const {
+  size_t count = 0;
+  for (const auto& mesh : impl_->rails) count += mesh->receivesPosted();
+  return count;
+}
+
 std::vector<std::string> VerbsBackend::rdmaPorts() const {
   std::vector<std::string> ports;
   for (const auto& mesh : impl_->rails) {

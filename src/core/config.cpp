@@ -65,7 +65,10 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_QP_SEND_DEPTH", Int, "256", "WRs",
     "send queue depth of each queue pair", 16, 16384},
   OptionSpec{"RDMACC_QP_RECV_DEPTH", Int, "256", "WRs",
-    "receive queue depth of each queue pair", 16, 16384},
+    "receive queue depth of a queue pair that does not draw from the shared receive queue", 16, 16384},
+  OptionSpec{"RDMACC_SRQ", Bool, "1", "",
+    "one shared receive queue per group and device for every queue pair's receives (2 x slots + 4 "
+    "each) instead of RDMACC_QP_RECV_DEPTH per queue pair; 0: a receive queue per queue pair", 0, 0},
   OptionSpec{"RDMACC_SLOTS_PER_PEER", Int, "16", "slots",
     "staging slots per peer and direction: messages in flight to one peer (credits)", 1, 4096},
   OptionSpec{"RDMACC_SLOT_BYTES", Int, "0", "bytes",

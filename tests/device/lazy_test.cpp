@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/backend.hpp"
+#include "rdmacc/config.hpp"
 #include "rdmacc/error.hpp"
 #include "tests/device/group.hpp"
 
@@ -57,17 +58,43 @@ long statusKiB(const std::string& field) {
   return -1;
 }
 
+// Receives a queue pair adds to the shared receive queue: what its peer can
+// have in flight (src/transport/rdma/mesh.hpp).
+size_t receivesPerQueuePair() {
+  const Config config = Config::load();
+  return std::min(static_cast<size_t>(config.getInt("RDMACC_QP_RECV_DEPTH")),
+                  2 * static_cast<size_t>(config.getInt("RDMACC_SLOTS_PER_PEER")) + 4);
+}
+
+// Receive queues of their own hold RDMACC_QP_RECV_DEPTH each, exactly; the
+// shared one at least each live queue pair's share, and more only by the
+// shares of queue pairs a crossed attempt made and dropped (they stay posted
+// for the next), which is still less than rings of their own would hold.
+void expectReceives(const VerbsBackend& g, int queuePairs) {
+  const Config config = Config::load();
+  const size_t depth = static_cast<size_t>(config.getInt("RDMACC_QP_RECV_DEPTH"));
+  const size_t n = static_cast<size_t>(queuePairs);
+  if (!config.getBool("RDMACC_SRQ")) {
+    EXPECT_EQ(g.receivesPosted(), n * depth) << "rank " << g.getRank();
+    return;
+  }
+  EXPECT_GE(g.receivesPosted(), n * receivesPerQueuePair()) << "rank " << g.getRank();
+  EXPECT_LT(g.receivesPosted(), n * depth) << "rank " << g.getRank();
+}
+
 TEST(Lazy, QueuePairsGrowWithThePeersOperationsUse) {
   auto g = lazyGroup("lazy-growth");
   const int rank = g->getRank(), size = g->getSize();
   ASSERT_GE(size, 4);
   EXPECT_EQ(g->queuePairs(), 0) << "formation connected nobody";
+  EXPECT_EQ(g->receivesPosted(), 0u);
   // A ring allreduce talks to the two neighbours only.
   std::vector<float> data(1 << 18, 1.0f);
   std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
   g->allreduce(t, AllreduceOptions{.algorithm = Algorithm::Ring})->wait();
   for (float x : data) ASSERT_EQ(x, static_cast<float>(size));
   EXPECT_EQ(g->queuePairs(), 2) << "rank " << rank << " after a ring allreduce";
+  expectReceives(*g, 2);
   // An alltoall talks to everyone.
   std::vector<int32_t> in(static_cast<size_t>(size)), out(static_cast<size_t>(size), -1);
   for (int p = 0; p < size; ++p) in[static_cast<size_t>(p)] = rank * 1000 + p;
@@ -76,6 +103,7 @@ TEST(Lazy, QueuePairsGrowWithThePeersOperationsUse) {
   g->alltoall_base(to, ti, even, even)->wait();
   for (int p = 0; p < size; ++p) ASSERT_EQ(out[static_cast<size_t>(p)], p * 1000 + rank);
   EXPECT_EQ(g->queuePairs(), size - 1);
+  expectReceives(*g, size - 1);
   g->barrier()->wait();
 }
 

@@ -70,6 +70,7 @@ struct Formation {
   double queuePairsAfter = 0;
   double pinnedMiBAfter = 0;
   double residentMiBAfter = 0;
+  double receivesAfter = 0;        // receives posted for the queue pairs
   double fastestMilliseconds = 0;  // the last rank to arrive: formation without waiting
 };
 void writeJson(const Args& args, int ranks, const Formation& formation,

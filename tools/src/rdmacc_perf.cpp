@@ -371,13 +371,15 @@ Formation measureFormation(VerbsBackend& backend, Clock::time_point start) {
 // What a rank holds after the operations (connections on first use grow
 // with what they needed): the largest rank's.
 void measureAfter(VerbsBackend& backend, Formation& formation) {
-  std::array<double, 3> after{static_cast<double>(backend.queuePairs()), processStatus("VmPin:"),
-                              processStatus("VmRSS:")};
+  std::array<double, 4> after{static_cast<double>(backend.queuePairs()), processStatus("VmPin:"),
+                              processStatus("VmRSS:"),
+                              static_cast<double>(backend.receivesPosted())};
   std::vector<Tensor> t{Tensor{after.data(), after.size(), DataType::Float64}};
   backend.allreduce(t, AllreduceOptions{.reduceOp = ReduceOp::Max})->wait();
   formation.queuePairsAfter = after[0];
   formation.pinnedMiBAfter = after[1] / 1024;
   formation.residentMiBAfter = after[2] / 1024;
+  formation.receivesAfter = after[3];
 }
 
 // What nccl-tests users read first (the build, the host, the transport and

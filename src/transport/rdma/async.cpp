@@ -44,6 +44,7 @@ void RdmaTransport::takeAsyncEvents() {
         break;
       }
       case IBV_EVENT_CQ_ERR:
+      case IBV_EVENT_SRQ_ERR:  // every queue pair's receives came from it
       case IBV_EVENT_DEVICE_FATAL: {
         log(LogLevel::Error, "asynchronous event {} on {}: every transfer through it fails", e.name,
             where.device);

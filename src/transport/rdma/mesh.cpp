@@ -155,12 +155,28 @@ void Mesh::open(const Config& config, const MeshOptions& options) {
         "slots can write them (docs/security.md)",
         endpoint_.device);
   }
+  // The shared receive queue holds what every queue pair's peer can have in
+  // flight (receivesPerQp); its size is fixed at creation (few devices
+  // resize one), so it is made for every peer this mesh may connect to.
+  uint32_t perQp = params_.recvDepth;
+  if (config.getBool("RDMACC_SRQ") && (lazy_ || transportConnects_) && size_ > 1) {
+    perQp = std::min(params_.recvDepth,
+                     2 * static_cast<uint32_t>(config.getInt("RDMACC_SLOTS_PER_PEER")) + 4);
+    srq_ = verbs::createSrq(
+        pd_.get(), static_cast<uint32_t>(std::min<uint64_t>(
+                       uint64_t{perQp} * static_cast<uint64_t>(std::max(connectedPeers(), 1)) *
+                           static_cast<uint64_t>(qpsPerPeer_),
+                       UINT32_MAX)));
+    if (srq_) {
+      ibv_srq_attr attr{};
+      srqCapacity_ = ibv_query_srq(srq_.get(), &attr) == 0 ? attr.max_wr : 0;
+    }
+  }
   // Lazy: room for a few connections, grown as more come (Connector::makeQp).
   int peers = std::max(lazy_ ? std::min(connectedPeers(), 2) : connectedPeers(), 1) * qpsPerPeer_;
   cq_ = std::make_unique<verbs::CompletionQueue>(
-      context_.get(),
-      static_cast<int>(static_cast<uint32_t>(peers) *
-                       (params_.sendDepth + verbs::kBindEntries + params_.recvDepth)));
+      context_.get(), static_cast<int>(static_cast<uint32_t>(peers) *
+                                       (params_.sendDepth + verbs::kBindEntries + perQp)));
   connections_.resize(static_cast<size_t>(size_ * qpsPerPeer_));
   peerAddresses_.resize(size_);
   if (size_ == 1) return;
@@ -292,6 +308,27 @@ ibv_qp* Mesh::qp(int peer, int index) const {
     throw Error(ErrorKind::InvalidArgument,
                 fmt::format("no queue pair {} to rank {}", index, peer));
   return c->qp.get();
+}
+
+uint32_t Mesh::receivesPerQp() const noexcept {
+  if (localSlots_.slotsPerPeer == 0) return params_.recvDepth;
+  return std::min(params_.recvDepth, 2 * static_cast<uint32_t>(localSlots_.slotsPerPeer) + 4);
+}
+
+std::optional<ReceiveOrigin> Mesh::receiveOrigin(const ibv_wc& wc) const {
+  const WrId id = unpack(wc.wr_id);
+  if (id.qp != kSharedReceive) return ReceiveOrigin{.peer = id.peer, .qp = id.qp};
+  auto it = sharedOwners_.find(wc.qp_num);
+  if (it == sharedOwners_.end()) return std::nullopt;
+  return it->second;
+}
+
+int Mesh::repostReceive(const ReceiveOrigin& origin) {
+  if (origin.shared) return verbs::postEmptyRecvs(srq_.get(), sharedReceiveWrId(), 1);
+  return verbs::postEmptyRecvs(
+      qp(origin.peer, origin.qp),
+      pack(WrId{WrKind::Recv, static_cast<uint8_t>(origin.qp), static_cast<uint16_t>(origin.peer)}),
+      1);
 }
 
 int Mesh::pathMtu(int peer) const {

@@ -1,5 +1,6 @@
-// The connection mesh: one protection domain, one completion queue, and
-// RDMACC_QPS_PER_PEER reliable-connected queue pairs to other ranks,
+// The connection mesh: one protection domain, one completion queue, one
+// shared receive queue (RDMACC_SRQ) and RDMACC_QPS_PER_PEER
+// reliable-connected queue pairs to other ranks,
 // established through librdmacm with the group token checked on both sides:
 // to every rank at formation (eager), or to a rank when a transfer first
 // names it (lazy, RDMACC_CONNECT; docs/decisions/010).
@@ -12,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "rdmacc/config.hpp"
@@ -19,6 +21,7 @@
 #include "rdmacc/store.hpp"
 #include "rdmacc/topology.hpp"
 #include "src/core/by_rank.hpp"
+#include "src/transport/rdma/wr_id.hpp"
 #include "verbs/cm.hpp"
 #include "verbs/qp.hpp"
 
@@ -73,6 +76,14 @@ struct LocalSlots {
   std::function<SlotRegion(int peer)> region;  // registered on the first call
 };
 
+// Where a receive completion came from: the peer, its queue pair, and whether
+// the receive was the shared receive queue's.
+struct ReceiveOrigin {
+  int peer = -1;
+  int qp = 0;
+  bool shared = false;
+};
+
 // What connecting on first use produced since the last look.
 struct MeshEvents {
   // Every queue pair up; the peer's slots as each queue pair's hello gave them.
@@ -124,6 +135,23 @@ class Mesh {
   bool windows() const noexcept { return windows_; }
   verbs::CompletionQueue& cq() noexcept { return *cq_; }
   ibv_qp* qp(int peer, int index = 0) const;
+  // Receives (for the peers' writes with immediate data) come from one shared
+  // receive queue for every queue pair while it has room: each queue pair
+  // adds the receives its peer can have in flight (2 x slots + 4, the bound
+  // the transport checks), not a ring of RDMACC_QP_RECV_DEPTH of its own.
+  // A receive completion of cq() names its queue pair through its wr_id or,
+  // from the shared queue, its qp_num: which peer it came from, or nullopt
+  // when no queue pair of this mesh had that number.
+  std::optional<ReceiveOrigin> receiveOrigin(const ibv_wc& wc) const;
+  // Posts again the receive a successful completion used (to the shared
+  // queue, or to the connected queue pair's own); ibv_post_recv's errno.
+  int repostReceive(const ReceiveOrigin& origin);
+  // Receives posted for this mesh's queue pairs (shared and their own): what
+  // the receive side holds, for tests and tools.
+  size_t receivesPosted() const noexcept {
+    return srqPostedSeen_.load(std::memory_order_relaxed) +
+           ownPosted_.load(std::memory_order_relaxed);
+  }
   // The path MTU (bytes) negotiated with peer.
   int pathMtu(int peer) const;
   // "ip:port (GID ...)" for error messages.
@@ -171,10 +199,36 @@ class Mesh {
   bool retrying() const;
 
  private:
+  // A queue pair's part of the receives posted (Connector::makeQp), given
+  // back when the queue pair goes: its own ring goes with it; its share of
+  // the shared queue stays posted, for the next queue pair to draw on.
+  class ReceiveShare {
+   public:
+    ReceiveShare() = default;
+    ReceiveShare(Mesh& mesh, bool shared, uint32_t count)
+        : mesh_(&mesh), shared_(shared), count_(count) {}
+    ReceiveShare(ReceiveShare&& other) noexcept { *this = std::move(other); }
+    ReceiveShare& operator=(ReceiveShare&& other) noexcept;
+    ~ReceiveShare();
+
+   private:
+    Mesh* mesh_ = nullptr;
+    bool shared_ = false;
+    uint32_t count_ = 0;
+  };
   struct Connection;  // src/transport/rdma/mesh_connection.hpp
   struct Connector;   // src/transport/rdma/mesh_connector.hpp
 
   void open(const Config& config, const MeshOptions& options);
+  // Receives a queue pair adds: its peer's writes with immediate data in
+  // flight at most (2 x slots + 4, RdmaTransport checks the depth against
+  // it), or RDMACC_QP_RECV_DEPTH before the slots are known.
+  uint32_t receivesPerQp() const noexcept;
+  // A shared receive's wr_id: its queue pair field says "look up qp_num".
+  static constexpr uint8_t kSharedReceive = 0xff;  // above RDMACC_QPS_PER_PEER's 16
+  static uint64_t sharedReceiveWrId() noexcept {
+    return pack(WrId{.kind = WrKind::Recv, .qp = kSharedReceive});
+  }
   void setSkip(std::vector<bool> skip);
   std::pair<std::string, uint16_t> parseAddress(int peer, const std::string& text,
                                                 const std::string& where);
@@ -200,6 +254,16 @@ class Mesh {
   verbs::ContextPtr context_;
   verbs::PdPtr pd_;
   std::unique_ptr<verbs::CompletionQueue> cq_;
+  verbs::SrqPtr srq_;                     // after cq_, before every queue pair attached to it
+  uint32_t srqCapacity_ = 0;              // receives the shared queue holds
+  uint32_t srqPosted_ = 0;                // receives posted to it (reposts replace used ones)
+  int srqQps_ = 0;                        // queue pairs alive that draw from it
+  std::atomic<size_t> srqPostedSeen_{0};  // srqPosted_ for other threads
+  std::atomic<size_t> ownPosted_{0};      // in the rings of queue pairs alive without it
+  // qp_num -> (peer, index) of every queue pair made on the shared queue (a
+  // destroyed one's number stays until reused: a completion it left in the
+  // queue still names its peer).
+  std::unordered_map<uint32_t, ReceiveOrigin> sharedOwners_;
   std::unique_ptr<verbs::EventChannel> events_;  // before the ids created on it
   verbs::CmIdPtr listenId_;
   ByRank<bool> skip_;       // MeshOptions::skip, one entry per rank

@@ -9,7 +9,8 @@ namespace rdmacc {
 struct Mesh::Connection {
   verbs::CmIdPtr id;  // the QP below is destroyed first
   verbs::QpPtr qp;
-  verbs::Window window;  // lazy, Mesh::windows: over our slots, bound to qp; before qp goes
+  ReceiveShare receives;  // of the queue pair above
+  verbs::Window window;   // lazy, Mesh::windows: over our slots, bound to qp; before qp goes
   int pathMtu = 0;
   SlotAdvert remote;  // lazy: the peer's slots for this rank, from its hello
 };

@@ -91,26 +91,68 @@ verbs::QpParams Mesh::Connector::paramsFor(int remoteMtu) const {
   return p;
 }
 
-verbs::QpPtr Mesh::Connector::makeQp(rdma_cm_id* id, int peer, int q) {
-  if (mesh.lazy_) {  // room in the completion queue for this queue pair's completions
-    size_t qps = 1 + attempts.size();
-    for (int up : lanesUp) qps += static_cast<size_t>(up);
-    mesh.cq_->reserve(static_cast<int>(std::min<size_t>(
-        qps * (mesh.params_.sendDepth + verbs::kBindEntries + mesh.params_.recvDepth), INT32_MAX)));
+void Mesh::Connector::makeQp(Attempt& a) {
+  const int peer = a.peer, q = a.qpIndex;
+  // Its receives: from the shared queue while the queue holds every
+  // attached queue pair's share, else a receive queue of its own.
+  const uint32_t perQp = mesh.receivesPerQp();
+  const uint64_t sharedAfter = uint64_t{perQp} * static_cast<uint64_t>(mesh.srqQps_ + 1);
+  const bool shared = mesh.srq_ && sharedAfter <= mesh.srqCapacity_;
+  const uint32_t adding =
+      shared ? static_cast<uint32_t>(sharedAfter - std::min<uint64_t>(sharedAfter, mesh.srqPosted_))
+             : mesh.params_.recvDepth;
+  // Room in the completion queue for every queue pair's sends and every
+  // receive posted (connections on first use grow it as they come).
+  const size_t qps = 1 + attempts.size() + static_cast<size_t>(mesh.queuePairs());
+  mesh.cq_->reserve(static_cast<int>(std::min<size_t>(
+      qps * (mesh.params_.sendDepth + verbs::kBindEntries) + mesh.receivesPosted() + adding,
+      INT32_MAX)));
+  auto qp = verbs::createRcQp(mesh.pd_.get(), mesh.cq_->get(), mesh.params_,
+                              shared ? mesh.srq_.get() : nullptr);
+  verbs::moveToInit(qp.get(), a.id.get());
+  const int rc = shared ? verbs::postEmptyRecvs(mesh.srq_.get(), sharedReceiveWrId(), adding)
+                        : verbs::postEmptyRecvs(qp.get(),
+                                                pack(WrId{WrKind::Recv, static_cast<uint8_t>(q),
+                                                          static_cast<uint16_t>(peer), 0}),
+                                                adding);
+  if (rc != 0) throw verbs::verbsError("ibv_post_recv", rc, "cannot post the initial receives");
+  if (shared) {
+    mesh.srqPosted_ += adding;
+    mesh.srqPostedSeen_.store(mesh.srqPosted_, std::memory_order_relaxed);
+    ++mesh.srqQps_;
+    mesh.sharedOwners_[qp->qp_num] = ReceiveOrigin{.peer = peer, .qp = q, .shared = true};
+  } else {
+    mesh.ownPosted_.fetch_add(adding, std::memory_order_relaxed);
   }
-  auto qp = verbs::createRcQp(mesh.pd_.get(), mesh.cq_->get(), mesh.params_);
-  verbs::moveToInit(qp.get(), id);
-  uint64_t wr = pack(WrId{WrKind::Recv, static_cast<uint8_t>(q), static_cast<uint16_t>(peer), 0});
-  if (int rc = verbs::postEmptyRecvs(qp.get(), wr, mesh.params_.recvDepth); rc != 0) {
-    throw verbs::verbsError("ibv_post_recv", rc, "cannot post the initial receives");
+  a.receives = ReceiveShare(mesh, shared, adding);
+  a.qp = std::move(qp);
+}
+
+Mesh::ReceiveShare& Mesh::ReceiveShare::operator=(ReceiveShare&& other) noexcept {
+  if (this != &other) {
+    this->~ReceiveShare();
+    mesh_ = std::exchange(other.mesh_, nullptr);
+    shared_ = other.shared_;
+    count_ = other.count_;
   }
-  return qp;
+  return *this;
+}
+
+Mesh::ReceiveShare::~ReceiveShare() {
+  if (mesh_ == nullptr) return;
+  if (shared_) {
+    --mesh_->srqQps_;
+  } else {
+    mesh_->ownPosted_.fetch_sub(count_, std::memory_order_relaxed);
+  }
+  mesh_ = nullptr;
 }
 
 void Mesh::Connector::finish(Attempt& a) {
   auto c = std::make_unique<Connection>();
   c->id = std::move(a.id);
   c->qp = std::move(a.qp);
+  c->receives = std::move(a.receives);
   c->window = std::move(a.window);
   c->pathMtu = a.pathMtu;
   c->remote = a.remote;
@@ -183,7 +225,7 @@ void Mesh::Connector::onConnectRequest(rdma_cm_event* event, std::vector<verbs::
   }
   Attempt a{Role::Passive, peer, q, std::move(id), nullptr};
   a.remote = advertOf(*theirs);
-  a.qp = makeQp(a.id.get(), peer, q);
+  makeQp(a);
   auto params = paramsFor(static_cast<int>(theirs->activeMtu));
   a.pathMtu = verbs::mtuBytes(params.pathMtu);
   verbs::moveToRtr(a.qp.get(), a.id.get(), params);
@@ -273,7 +315,7 @@ void Mesh::Connector::onActiveEvent(Attempt& a, rdma_cm_event* event, bool& drop
       verbs::resolveRoute(a.id.get(), kResolveTimeout);
       break;
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
-      a.qp = makeQp(a.id.get(), a.peer, a.qpIndex);
+      makeQp(a);
       auto mine = hello(a, handshake::Direction::Request);
       verbs::connect(a.id.get(), {.privateData = mine,
                                   .qpNum = a.qp->qp_num,

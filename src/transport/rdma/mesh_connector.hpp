@@ -29,8 +29,9 @@ struct Mesh::Connector {
     int qpIndex;
     verbs::CmIdPtr id;
     verbs::QpPtr qp;
-    verbs::Window window;  // see Connection::window
-    SlotRegion mine;       // what our hello gave (Mesh::setLocalSlots)
+    ReceiveShare receives;  // of qp
+    verbs::Window window;   // see Connection::window
+    SlotRegion mine;        // what our hello gave (Mesh::setLocalSlots)
     int pathMtu = 0;
     SlotAdvert remote;
   };
@@ -72,7 +73,8 @@ struct Mesh::Connector {
   handshake::Expectation expect(handshake::Direction direction, const rdma_cm_event* event,
                                 int minPeer, int maxPeer) const;
   verbs::QpParams paramsFor(int remoteMtu) const;
-  verbs::QpPtr makeQp(rdma_cm_id* id, int peer, int q);
+  // The attempt's queue pair, in INIT with its receives posted.
+  void makeQp(Attempt& a);
   void finish(Attempt& a);
   void startActive(int peer, int q);
   void onConnectRequest(rdma_cm_event* event, std::vector<verbs::CmIdPtr>& discard);

@@ -201,6 +201,18 @@ bool RdmaTransport::poll(TransportSink& sink) {
   for (int i = 0; i < n; ++i) {
     const ibv_wc& wc = wcs[static_cast<size_t>(i)];
     WrId id = unpack(wc.wr_id);
+    std::optional<ReceiveOrigin> origin;
+    if (id.kind == WrKind::Recv) {  // from the shared receive queue: its qp_num names the peer
+      origin = mesh_.receiveOrigin(wc);
+      if (!origin) {
+        throw Error(ErrorKind::Internal,
+                    fmt::format("a receive completion from queue pair {}, which is none of this "
+                                "group's",
+                                wc.qp_num));
+      }
+      id.peer = static_cast<uint16_t>(origin->peer);
+      id.qp = static_cast<uint8_t>(origin->qp);
+    }
     int from = id.peer;
     if (logEnabled(LogLevel::Trace)) {
       log(LogLevel::Trace, "wc kind {} peer {} tag {} status {} opcode {}",
@@ -229,12 +241,11 @@ bool RdmaTransport::poll(TransportSink& sink) {
       }
     }
     if (id.kind == WrKind::Recv) {
-      onReceive(sink, from, id.qp,
+      onReceive(sink, *origin,
                 wire::Completion{.rdmaWriteWithImm = wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM,
                                  .withImm = (wc.wc_flags & IBV_WC_WITH_IMM) != 0,
                                  .imm = ntohl(wc.imm_data),
-                                 .byteLen = wc.byte_len},
-                wc.wr_id);
+                                 .byteLen = wc.byte_len});
     } else {
       writesCompleted(p, p.lanes[id.qp]);
     }
@@ -260,10 +271,11 @@ void RdmaTransport::writesCompleted(PeerState& p, Lane& lane) {
   ++lane.completions;
 }
 
-void RdmaTransport::onReceive(TransportSink& sink, int from, size_t laneIndex,
-                              const wire::Completion& completion, uint64_t wrId) {
+void RdmaTransport::onReceive(TransportSink& sink, const ReceiveOrigin& origin,
+                              const wire::Completion& completion) {
+  const int from = origin.peer;
   PeerState& p = peer(from);
-  if (int rc = verbs::postEmptyRecvs(p.lanes[laneIndex].qp, wrId, 1); rc != 0) {
+  if (int rc = mesh_.repostReceive(origin); rc != 0) {
     throw verbs::verbsError("ibv_post_recv", rc,
                             fmt::format("reposting a receive for rank {}", from));
   }

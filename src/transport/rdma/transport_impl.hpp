@@ -206,8 +206,8 @@ class RdmaTransport final : public Transport, public Board {
   void postControl(int peer, size_t laneIndex, ControlTag tag, std::optional<uint32_t> imm,
                    bool signaled, const char* why);
   static void writesCompleted(PeerState& p, Lane& lane);
-  void onReceive(TransportSink& sink, int peer, size_t lane, const wire::Completion& completion,
-                 uint64_t wrId);
+  void onReceive(TransportSink& sink, const ReceiveOrigin& origin,
+                 const wire::Completion& completion);
   // The device's asynchronous events (transport/rdma/async.cpp): a queue pair, the CQ
   // or the device in error fails the peers it serves (delivered by poll());
   // port down/up is logged (transfers retry meanwhile). Read after a sleep
