@@ -1,6 +1,7 @@
 #include "verbs/device.hpp"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -131,6 +132,44 @@ void makeAsyncNonBlocking(ibv_context* context) {
   if (flags < 0 || ::fcntl(context->async_fd, F_SETFL, flags | O_NONBLOCK) < 0) {
     throw verbsError("fcntl", errno, "cannot make the device's async event fd non-blocking");
   }
+}
+
+std::shared_ptr<SharedDevice> SharedDevice::open(const std::string& name) {
+  // By process and name: a child forked after a group formed cannot use its
+  // parent's context (rdma-core's contexts do not survive fork).
+  // Never destroyed: a group may be destroyed after static destruction began.
+  static auto* mutex = new std::mutex;
+  static auto* open = new std::map<std::pair<pid_t, std::string>, std::weak_ptr<SharedDevice>>;
+  std::lock_guard lock(*mutex);
+  auto& entry = (*open)[{::getpid(), name}];
+  if (auto device = entry.lock()) return device;
+  ContextPtr context = openDevice(name);
+  makeAsyncNonBlocking(context.get());
+  std::shared_ptr<SharedDevice> device(new SharedDevice(std::move(context)));
+  entry = device;
+  return device;
+}
+
+SharedDevice::~SharedDevice() = default;
+
+int SharedDevice::subscribe() {
+  std::lock_guard lock(mutex_);
+  mailboxes_[nextMailbox_];
+  return nextMailbox_++;
+}
+
+void SharedDevice::unsubscribe(int mailbox) {
+  std::lock_guard lock(mutex_);
+  mailboxes_.erase(mailbox);
+}
+
+std::vector<AsyncEvent> SharedDevice::takeAsyncEvents(int mailbox) {
+  std::lock_guard lock(mutex_);
+  std::vector<AsyncEvent> fresh = verbs::takeAsyncEvents(context_.get());
+  for (auto& [id, events] : mailboxes_) events.insert(events.end(), fresh.begin(), fresh.end());
+  std::vector<AsyncEvent> mine;
+  if (auto it = mailboxes_.find(mailbox); it != mailboxes_.end()) mine.swap(it->second);
+  return mine;
 }
 
 std::vector<AsyncEvent> takeAsyncEvents(ibv_context* context) {

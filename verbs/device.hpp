@@ -4,6 +4,9 @@
 #include <infiniband/verbs.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +36,38 @@ struct AsyncEvent {
 };
 void makeAsyncNonBlocking(ibv_context* context);
 std::vector<AsyncEvent> takeAsyncEvents(ibv_context* context);
+
+// The process's open context of one device, shared by every group that uses
+// it (NCCL and UCX likewise open a device once per process): a DeviceMesh's
+// groups do not open the device once each. Each group keeps its own
+// protection domain, queues and connections (its failure domain). The
+// device's asynchronous events go to every user: whichever asks first reads
+// them from the device and the others find them in their own mailbox at
+// their next look (each acts on those about its own queue pairs).
+// Thread-safe; a process forked after opening opens its own.
+class SharedDevice {
+ public:
+  // The process's context of device `name`, opened (non-blocking events) on
+  // first use and closed with its last user. Throws as openDevice does.
+  static std::shared_ptr<SharedDevice> open(const std::string& name);
+  ~SharedDevice();
+  SharedDevice(const SharedDevice&) = delete;
+  SharedDevice& operator=(const SharedDevice&) = delete;
+
+  ibv_context* context() const noexcept { return context_.get(); }
+  // A mailbox for one user's events, from now on; dropped by unsubscribe.
+  int subscribe();
+  void unsubscribe(int mailbox);
+  // Every event the device reported since the mailbox's last look.
+  std::vector<AsyncEvent> takeAsyncEvents(int mailbox);
+
+ private:
+  explicit SharedDevice(ContextPtr context) : context_(std::move(context)) {}
+  ContextPtr context_;
+  std::mutex mutex_;
+  int nextMailbox_ = 0;
+  std::map<int, std::vector<AsyncEvent>> mailboxes_;
+};
 
 // The text that tells a user with no device how to get one.
 std::string noDeviceHint();

@@ -107,6 +107,41 @@ TEST(Lazy, QueuePairsGrowWithThePeersOperationsUse) {
   g->barrier()->wait();
 }
 
+// Descriptors of this process open on an RDMA device (one per device
+// context: librdmacm's own and the groups').
+size_t deviceFiles() {
+  size_t n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) {
+      std::array<char, 256> target{};
+      std::string path = std::string("/proc/self/fd/") + e->d_name;
+      ssize_t len = ::readlink(path.c_str(), target.data(), target.size() - 1);
+      if (len > 0 &&
+          std::string(target.data(), static_cast<size_t>(len)).rfind("/dev/infiniband/uverbs", 0) ==
+              0) {
+        ++n;
+      }
+    }
+    ::closedir(d);
+  }
+  return n;
+}
+
+// The groups of a process share one context of the device (a DeviceMesh's
+// groups open it once): more groups, lazy and eager, open no more files on it.
+TEST(Lazy, GroupsOfAProcessOpenTheDeviceOnce) {
+  auto first = lazyGroup("device-once-a");
+  first->barrier()->wait();
+  const size_t opened = deviceFiles();
+  EXPECT_GE(opened, 1u);
+  auto second = lazyGroup("device-once-b");
+  auto third = test::groupFromEnvironment("device-once-c", {{"RDMACC_CONNECT", "eager"}});
+  second->barrier()->wait();
+  third->barrier()->wait();
+  EXPECT_EQ(deviceFiles(), opened) << "rank " << first->getRank();
+  EXPECT_GT(third->queuePairs(), 0);
+}
+
 // Every rank sends to every other in its own random order while receiving
 // in another: pairs meet from one side, the other or both at once (the
 // higher rank's connection wins), and each pair ends with one connection.

@@ -14,7 +14,7 @@ void RdmaTransport::takeAsyncEvents() {
   pollsSinceAsync_ = 0;
   checkStalls();
   const Endpoint& where = mesh_.endpoint();
-  for (const verbs::AsyncEvent& e : verbs::takeAsyncEvents(mesh_.context())) {
+  for (const verbs::AsyncEvent& e : mesh_.takeAsyncEvents()) {
     switch (e.type) {
       case IBV_EVENT_QP_FATAL:
       case IBV_EVENT_QP_REQ_ERR:
@@ -27,9 +27,13 @@ void RdmaTransport::takeAsyncEvents() {
             if (lane.qp == e.qp) owner = rank;
           }
         }
+        if (owner < 0) {  // another group's (the device is shared) or a connection being made
+          log(LogLevel::Debug, "asynchronous event {} on {} port {} for a queue pair of no peer",
+              e.name, where.device, where.port);
+          break;
+        }
         log(LogLevel::Warn, "asynchronous event {} on {} port {} (queue pair to rank {})", e.name,
             where.device, where.port, owner);
-        if (owner < 0) break;
         asyncFailures_.emplace_back(
             owner,
             Error(ErrorInfo{

@@ -145,10 +145,10 @@ void Mesh::open(const Config& config, const MeshOptions& options) {
 
   log(LogLevel::Debug, "rank {}: endpoint {}:{} {} GID {}", rank_, endpoint_.device, endpoint_.port,
       endpoint_.ipv4, endpoint_.gidIndex);
-  context_ = verbs::openDevice(endpoint_.device);
-  verbs::makeAsyncNonBlocking(context_.get());  // read by the transport, never blocking
-  pd_ = verbs::allocatePd(context_.get());
-  windows_ = config.getBool("RDMACC_MEMORY_WINDOWS") && verbs::supportsBoundWindows(context_.get());
+  device_ = verbs::SharedDevice::open(endpoint_.device);
+  mailbox_ = device_->subscribe();
+  pd_ = verbs::allocatePd(context());
+  windows_ = config.getBool("RDMACC_MEMORY_WINDOWS") && verbs::supportsBoundWindows(context());
   if (config.getBool("RDMACC_MEMORY_WINDOWS") && !windows_ && rank_ == 0) {
     log(LogLevel::Info,
         "{} binds no memory windows of type 2: a peer that learns the rkey of another peer's "
@@ -175,8 +175,8 @@ void Mesh::open(const Config& config, const MeshOptions& options) {
   // Lazy: room for a few connections, grown as more come (Connector::makeQp).
   int peers = std::max(lazy_ ? std::min(connectedPeers(), 2) : connectedPeers(), 1) * qpsPerPeer_;
   cq_ = std::make_unique<verbs::CompletionQueue>(
-      context_.get(), static_cast<int>(static_cast<uint32_t>(peers) *
-                                       (params_.sendDepth + verbs::kBindEntries + perQp)));
+      context(), static_cast<int>(static_cast<uint32_t>(peers) *
+                                  (params_.sendDepth + verbs::kBindEntries + perQp)));
   connections_.resize(static_cast<size_t>(size_ * qpsPerPeer_));
   peerAddresses_.resize(size_);
   if (size_ == 1) return;
@@ -300,7 +300,9 @@ std::vector<SlotAdvert> Mesh::remoteSlots(int peer) const {
   return lanes;
 }
 
-Mesh::~Mesh() = default;
+Mesh::~Mesh() {
+  if (device_) device_->unsubscribe(mailbox_);
+}
 
 ibv_qp* Mesh::qp(int peer, int index) const {
   const auto& c = connections_.at(static_cast<size_t>(peer * qpsPerPeer_ + index));

@@ -23,6 +23,7 @@
 #include "src/core/by_rank.hpp"
 #include "src/transport/rdma/wr_id.hpp"
 #include "verbs/cm.hpp"
+#include "verbs/device.hpp"
 #include "verbs/qp.hpp"
 
 namespace rdmacc {
@@ -128,7 +129,10 @@ class Mesh {
   // Queue pairs up now (lazy: read by another thread, a count only).
   int queuePairs() const noexcept { return queuePairs_.load(std::memory_order_relaxed); }
   const Endpoint& endpoint() const noexcept { return endpoint_; }
-  ibv_context* context() const noexcept { return context_.get(); }
+  // The process's context of the device, shared with its other groups.
+  ibv_context* context() const noexcept { return device_->context(); }
+  // The device's asynchronous events since the last look (verbs::SharedDevice).
+  std::vector<verbs::AsyncEvent> takeAsyncEvents() { return device_->takeAsyncEvents(mailbox_); }
   ibv_pd* pd() const noexcept { return pd_.get(); }
   // Whether peers' access to this rank's memory goes through memory windows
   // bound to their own queue pairs (RDMACC_MEMORY_WINDOWS and the device).
@@ -251,7 +255,8 @@ class Mesh {
   int qpsPerPeer_;
   Endpoint endpoint_;
   verbs::QpParams params_;
-  verbs::ContextPtr context_;
+  std::shared_ptr<verbs::SharedDevice> device_;  // first: outlives what is made on it
+  int mailbox_ = -1;                             // for the device's asynchronous events
   verbs::PdPtr pd_;
   std::unique_ptr<verbs::CompletionQueue> cq_;
   verbs::SrqPtr srq_;                     // after cq_, before every queue pair attached to it
