@@ -255,6 +255,11 @@ int postEmptyRecvs(ibv_srq* srq, uint64_t wrId, uint32_t count) {
   });
 }
 
+uint32_t srqCapacity(ibv_srq* srq) {
+  ibv_srq_attr attr{};
+  return ibv_query_srq(srq, &attr) == 0 ? attr.max_wr : 0;
+}
+
 SrqPtr createSrq(ibv_pd* pd, uint32_t entries) {
   ibv_device_attr attr{};
   if (ibv_query_device(pd->context, &attr) != 0 || attr.max_srq <= 0 || attr.max_srq_wr <= 0) {

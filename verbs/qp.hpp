@@ -97,6 +97,8 @@ QpPtr createRcQp(ibv_pd* pd, ibv_cq* cq, const QpParams& params, ibv_srq* srq = 
 // device's max_srq_wr); null when the device has none (max_srq 0) or
 // refuses one: the queue pairs then keep receive queues of their own.
 SrqPtr createSrq(ibv_pd* pd, uint32_t entries);
+// The receives srq holds (what the device granted; 0 if it cannot say).
+uint32_t srqCapacity(ibv_srq* srq);
 // State transitions with the attributes rdma_cm computed for id (port, P_Key,
 // path), overridden by params (GID index, MTU, timeouts, retries).
 void moveToInit(ibv_qp* qp, rdma_cm_id* id);

@@ -124,7 +124,11 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_KEEPALIVE_INTERVAL", Duration, "1s", "",
     "while an operation waits for a peer over RDMA, the path to it is probed this often (a zero-byte write): a dead link or host fails the operation once the retry budget (RDMACC_IB_TIMEOUT x RDMACC_IB_RETRY_CNT) is spent, not at its timeout; 0: never", 0, 0},
   OptionSpec{"RDMACC_CONNECT_TIMEOUT", Duration, "60s", "",
-    "time allowed for every peer to arrive and connect when the group forms", 0, 0},
+    "time allowed for every peer to arrive and connect when the group forms, and (lazy) for one "
+    "connection from its start", 0, 0},
+  OptionSpec{"RDMACC_CONNECT_WINDOW", Int, "8", "peers",
+    "lazy: peers a rank connects to at once; the rest an operation names (an alltoall's N - 1) wait "
+    "their turn, nearest first, their RDMACC_CONNECT_TIMEOUT running from their start", 1, 4096},
   OptionSpec{"RDMACC_STORE_TIMEOUT", Duration, "300s", "",
     "time a store get/wait waits for a key before failing", 0, 0},
   OptionSpec{"RDMACC_TIMEOUT", Duration, "30m", "",

@@ -97,6 +97,7 @@ Mesh::Mesh(Store& store, int rank, int size, const Config& config, MeshOptions o
   }
   setSkip(std::move(options.skip));
   connectTimeout_ = config.getDuration("RDMACC_CONNECT_TIMEOUT");
+  connectWindow_ = static_cast<int>(config.getInt("RDMACC_CONNECT_WINDOW"));
   authKey_ = auth::loadKey(config);
   // A failure to open is thrown by start(), where the other ranks learn of
   // it through the store (deferred: after the host exchange).
@@ -167,10 +168,7 @@ void Mesh::open(const Config& config, const MeshOptions& options) {
                        uint64_t{perQp} * static_cast<uint64_t>(std::max(connectedPeers(), 1)) *
                            static_cast<uint64_t>(qpsPerPeer_),
                        UINT32_MAX)));
-    if (srq_) {
-      ibv_srq_attr attr{};
-      srqCapacity_ = ibv_query_srq(srq_.get(), &attr) == 0 ? attr.max_wr : 0;
-    }
+    if (srq_) srqCapacity_ = verbs::srqCapacity(srq_.get());
   }
   // Lazy: room for a few connections, grown as more come (Connector::makeQp).
   int peers = std::max(lazy_ ? std::min(connectedPeers(), 2) : connectedPeers(), 1) * qpsPerPeer_;

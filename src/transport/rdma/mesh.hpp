@@ -278,6 +278,7 @@ class Mesh {
   ByRank<std::string> peerAddresses_;
   std::string secret_;  // keys the hellos' proofs (src/transport/rdma/handshake.hpp)
   std::chrono::milliseconds connectTimeout_{};
+  int connectWindow_ = 8;  // lazy: peers this rank connects to at once (RDMACC_CONNECT_WINDOW)
   bool lazy_ = false;
   bool transportConnects_ = false;
   bool windows_ = false;

@@ -50,6 +50,10 @@ struct Mesh::Connector {
   std::vector<int> lanesUp;
   std::vector<bool> failed;
   std::vector<std::string> lastProblem;
+  // Lazy: peers to connect to once fewer than Mesh::connectWindow_ of this
+  // rank's own attempts are under way (startWaiting), and whether each is here.
+  std::vector<int> waiting;
+  std::vector<bool> isWaiting;
   MeshEvents out;
   std::vector<int> disconnected;
   // Eager: looking up the lower ranks' addresses (mesh_eager.cpp).
@@ -62,7 +66,15 @@ struct Mesh::Connector {
   int needed() const { return mesh.connectedPeers() * mesh.qpsPerPeer_; }
   bool skipped(int peer) const { return mesh.skip_[peer]; }
   // Whether attempts or retries are under way (Mesh::connecting()).
-  void noteConnecting() { mesh.connecting_ = !attempts.empty() || !retries.empty(); }
+  void noteConnecting() {
+    mesh.connecting_ = !attempts.empty() || !retries.empty() || !waiting.empty();
+  }
+  // Lazy: peers this rank's own attempts or retries are for.
+  int activePeers() const;
+  // Lazy: starts waiting peers, nearest below this rank first (a ring
+  // distance), while the window has room.
+  void startWaiting();
+  void start(int peer);
 
   // The handshake, both roles (mesh_connector.cpp).
   // The hello on a's queue pair (lazy: with our slots, and with windows a

@@ -41,9 +41,52 @@ bool Mesh::Connector::busy(int peer, int q) {
                      [&](const auto& r) { return r.second == std::pair(peer, q); });
 }
 
+// Queued, and started by the next progress(): an operation that names many
+// peers at once (an alltoall's N - 1) queues them all first, so that the
+// nearest start first and the ranks' first requests spread over the group
+// instead of all going to rank 0.
 void Mesh::Connector::connect(int peer) {
   const auto p = static_cast<size_t>(peer);
-  if (failed[p] || lanesUp[p] == mesh.qpsPerPeer_) return;
+  if (failed[p] || lanesUp[p] == mesh.qpsPerPeer_ || isWaiting[p]) return;
+  isWaiting[p] = true;
+  waiting.push_back(peer);
+  noteConnecting();
+}
+
+int Mesh::Connector::activePeers() const {
+  std::vector<int> peers;
+  for (const auto& [id, a] : attempts) {
+    if (a.role == Role::Active) peers.push_back(a.peer);
+  }
+  for (const auto& r : retries) peers.push_back(r.second.first);
+  std::sort(peers.begin(), peers.end());
+  return static_cast<int>(std::unique(peers.begin(), peers.end()) - peers.begin());
+}
+
+// The window bounds what this rank asks of the others at once: a peer
+// accepts requests one after another, and a request's deadline runs while
+// it waits there. Started all at once, an alltoall's 63 requests per rank
+// at 64 ranks waited past RDMACC_CONNECT_TIMEOUT on a loaded host.
+void Mesh::Connector::startWaiting() {
+  const int n = mesh.size_;
+  auto distance = [&](int peer) { return (mesh.rank_ - peer + n) % n; };
+  int active = activePeers();
+  while (!waiting.empty() && active < mesh.connectWindow_) {
+    auto next = std::min_element(waiting.begin(), waiting.end(),
+                                 [&](int a, int b) { return distance(a) < distance(b); });
+    const int peer = *next;
+    waiting.erase(next);
+    isWaiting[static_cast<size_t>(peer)] = false;
+    const auto p = static_cast<size_t>(peer);
+    if (failed[p] || lanesUp[p] == mesh.qpsPerPeer_) continue;
+    start(peer);
+    active = activePeers();
+  }
+  noteConnecting();
+}
+
+void Mesh::Connector::start(int peer) {
+  const auto p = static_cast<size_t>(peer);
   bool started = false;
   for (int q = 0; q < mesh.qpsPerPeer_; ++q) {
     if (busy(peer, q)) continue;
@@ -131,7 +174,7 @@ MeshEvents Mesh::Connector::progress() {
   while (auto event = mesh.events_->next(std::chrono::milliseconds(0))) {
     handleLazily(std::move(event));
   }
-  noteConnecting();
+  startWaiting();
   return std::exchange(out, {});
 }
 
@@ -145,6 +188,7 @@ void Mesh::startConnector(std::vector<std::optional<std::pair<std::string, uint1
   connector_->lanesUp.assign(n, 0);
   connector_->failed.assign(n, false);
   connector_->lastProblem.assign(n, std::string());
+  connector_->isWaiting.assign(n, false);
 }
 
 void Mesh::setLocalSlots(LocalSlots localSlots) {
