@@ -67,8 +67,7 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_QP_RECV_DEPTH", Int, "256", "WRs",
     "receive queue depth of a queue pair that does not draw from the shared receive queue", 16, 16384},
   OptionSpec{"RDMACC_SRQ", Bool, "1", "",
-    "one shared receive queue per group and device for every queue pair's receives (2 x slots + 4 "
-    "each) instead of RDMACC_QP_RECV_DEPTH per queue pair; 0: a receive queue per queue pair", 0, 0},
+    "one shared receive queue per group and device (2 x slots + 4 receives per queue pair); 0: RDMACC_QP_RECV_DEPTH per queue pair", 0, 0},
   OptionSpec{"RDMACC_SLOTS_PER_PEER", Int, "16", "slots",
     "staging slots per peer and direction: messages in flight to one peer (credits)", 1, 4096},
   OptionSpec{"RDMACC_SLOT_BYTES", Int, "0", "bytes",
@@ -124,11 +123,9 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_KEEPALIVE_INTERVAL", Duration, "1s", "",
     "while an operation waits for a peer over RDMA, the path to it is probed this often (a zero-byte write): a dead link or host fails the operation once the retry budget (RDMACC_IB_TIMEOUT x RDMACC_IB_RETRY_CNT) is spent, not at its timeout; 0: never", 0, 0},
   OptionSpec{"RDMACC_CONNECT_TIMEOUT", Duration, "60s", "",
-    "time allowed for every peer to arrive and connect when the group forms, and (lazy) for one "
-    "connection from its start", 0, 0},
+    "time allowed for every peer to arrive and connect when the group forms, and (lazy) for one connection from its start", 0, 0},
   OptionSpec{"RDMACC_CONNECT_WINDOW", Int, "8", "peers",
-    "lazy: peers a rank connects to at once; the rest an operation names (an alltoall's N - 1) wait "
-    "their turn, nearest first, their RDMACC_CONNECT_TIMEOUT running from their start", 1, 4096},
+    "lazy: peers a rank connects to at once; the others an operation names wait their turn, nearest first", 1, 4096},
   OptionSpec{"RDMACC_STORE_TIMEOUT", Duration, "300s", "",
     "time a store get/wait waits for a key before failing", 0, 0},
   OptionSpec{"RDMACC_TIMEOUT", Duration, "30m", "",
