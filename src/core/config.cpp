@@ -38,10 +38,8 @@ constexpr std::array kOptions = {
     "receiver-not-ready retry count (7 = retry forever)", 0, 7},
   OptionSpec{"RDMACC_IB_MIN_RNR_TIMER", Int, "12", "code",
     "minimum RNR NAK timer code (12 = 0.64 ms)", 0, 31},
-  OptionSpec{"RDMACC_IB_TC", Int, "0", "",
-    "traffic class (DSCP << 2) of RoCE packets", 0, 255},
-  OptionSpec{"RDMACC_IB_SL", Int, "0", "",
-    "InfiniBand service level", 0, 15},
+  OptionSpec{"RDMACC_IB_TC", Int, "0", "", "traffic class (DSCP << 2) of RoCE packets", 0, 255},
+  OptionSpec{"RDMACC_IB_SL", Int, "0", "", "InfiniBand service level", 0, 15},
   OptionSpec{"RDMACC_TRANSPORT", String, "auto", "",
     "how peers are reached: auto (shared memory to the ranks on this host, RDMA to the others; a group "
     "on one host needs no RDMA device), rdma (every peer through the NIC, also on this host), shm "
@@ -68,6 +66,8 @@ constexpr std::array kOptions = {
     "receive queue depth of a queue pair that does not draw from the shared receive queue", 16, 16384},
   OptionSpec{"RDMACC_SRQ", Bool, "1", "",
     "one shared receive queue per group and device (2 x slots + 4 receives per queue pair); 0: RDMACC_QP_RECV_DEPTH per queue pair", 0, 0},
+  OptionSpec{"RDMACC_SRQ_PEERS", Int, "64", "peers",
+    "queue pairs a lazy group's shared receive queue is made for; another is added when its connections outgrow them", 1, 65536},
   OptionSpec{"RDMACC_SLOTS_PER_PEER", Int, "16", "slots",
     "staging slots per peer and direction: messages in flight to one peer (credits)", 1, 4096},
   OptionSpec{"RDMACC_SLOT_BYTES", Int, "0", "bytes",

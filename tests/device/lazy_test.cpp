@@ -67,9 +67,9 @@ size_t receivesPerQueuePair() {
 }
 
 // Receive queues of their own hold RDMACC_QP_RECV_DEPTH each, exactly; the
-// shared one at least each live queue pair's share, and more only by the
+// shared ones at least each live queue pair's share, and more only by the
 // shares of queue pairs a crossed attempt made and dropped (they stay posted
-// for the next), which is still less than rings of their own would hold.
+// for the next).
 void expectReceives(const VerbsBackend& g, int queuePairs) {
   const Config config = Config::load();
   const size_t depth = static_cast<size_t>(config.getInt("RDMACC_QP_RECV_DEPTH"));
@@ -79,7 +79,8 @@ void expectReceives(const VerbsBackend& g, int queuePairs) {
     return;
   }
   EXPECT_GE(g.receivesPosted(), n * receivesPerQueuePair()) << "rank " << g.getRank();
-  EXPECT_LT(g.receivesPosted(), n * depth) << "rank " << g.getRank();
+  // Up to two shares of dropped attempts; one ring of its own would exceed it.
+  EXPECT_LE(g.receivesPosted(), (n + 2) * receivesPerQueuePair()) << "rank " << g.getRank();
 }
 
 TEST(Lazy, QueuePairsGrowWithThePeersOperationsUse) {

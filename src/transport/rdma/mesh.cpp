@@ -156,19 +156,18 @@ void Mesh::open(const Config& config, const MeshOptions& options) {
         "slots can write them (docs/security.md)",
         endpoint_.device);
   }
-  // The shared receive queue holds what every queue pair's peer can have in
+  // A shared receive queue holds what each queue pair's peer can have in
   // flight (receivesPerQp); its size is fixed at creation (few devices
-  // resize one), so it is made for every peer this mesh may connect to.
+  // resize one): an eager mesh makes one for every peer, a lazy one for
+  // RDMACC_SRQ_PEERS queue pairs and adds more as connections come.
   uint32_t perQp = params_.recvDepth;
-  if (config.getBool("RDMACC_SRQ") && (lazy_ || transportConnects_) && size_ > 1) {
+  useShared_ = config.getBool("RDMACC_SRQ") && (lazy_ || transportConnects_) && size_ > 1;
+  if (useShared_) {
     perQp = std::min(params_.recvDepth,
                      2 * static_cast<uint32_t>(config.getInt("RDMACC_SLOTS_PER_PEER")) + 4);
-    srq_ = verbs::createSrq(
-        pd_.get(), static_cast<uint32_t>(std::min<uint64_t>(
-                       uint64_t{perQp} * static_cast<uint64_t>(std::max(connectedPeers(), 1)) *
-                           static_cast<uint64_t>(qpsPerPeer_),
-                       UINT32_MAX)));
-    if (srq_) srqCapacity_ = verbs::srqCapacity(srq_.get());
+    sharedQueueQps_ = static_cast<int>(config.getInt("RDMACC_SRQ_PEERS"));
+    const int all = std::max(connectedPeers(), 1) * qpsPerPeer_;
+    addSharedQueue(perQp, lazy_ ? std::min(all, sharedQueueQps_) : all);
   }
   // Lazy: room for a few connections, grown as more come (Connector::makeQp).
   int peers = std::max(lazy_ ? std::min(connectedPeers(), 2) : connectedPeers(), 1) * qpsPerPeer_;
@@ -310,6 +309,16 @@ ibv_qp* Mesh::qp(int peer, int index) const {
   return c->qp.get();
 }
 
+bool Mesh::addSharedQueue(uint32_t perQp, int qps) {
+  auto srq = verbs::createSrq(
+      pd_.get(), static_cast<uint32_t>(std::min<uint64_t>(
+                     uint64_t{perQp} * static_cast<uint64_t>(std::max(qps, 1)), UINT32_MAX)));
+  if (!srq) return false;
+  const uint32_t capacity = verbs::srqCapacity(srq.get());
+  shared_.push_back(SharedQueue{.srq = std::move(srq), .capacity = capacity});
+  return true;
+}
+
 uint32_t Mesh::receivesPerQp() const noexcept {
   if (localSlots_.slotsPerPeer == 0) return params_.recvDepth;
   return std::min(params_.recvDepth, 2 * static_cast<uint32_t>(localSlots_.slotsPerPeer) + 4);
@@ -317,14 +326,17 @@ uint32_t Mesh::receivesPerQp() const noexcept {
 
 std::optional<ReceiveOrigin> Mesh::receiveOrigin(const ibv_wc& wc) const {
   const WrId id = unpack(wc.wr_id);
-  if (id.qp != kSharedReceive) return ReceiveOrigin{.peer = id.peer, .qp = id.qp};
+  if (id.qp != kSharedReceive) return ReceiveOrigin{.peer = id.peer, .qp = id.qp, .queue = -1};
   auto it = sharedOwners_.find(wc.qp_num);
   if (it == sharedOwners_.end()) return std::nullopt;
   return it->second;
 }
 
 int Mesh::repostReceive(const ReceiveOrigin& origin) {
-  if (origin.shared) return verbs::postEmptyRecvs(srq_.get(), sharedReceiveWrId(), 1);
+  if (origin.queue >= 0) {
+    return verbs::postEmptyRecvs(shared_[static_cast<size_t>(origin.queue)].srq.get(),
+                                 sharedReceiveWrId(), 1);
+  }
   return verbs::postEmptyRecvs(
       qp(origin.peer, origin.qp),
       pack(WrId{WrKind::Recv, static_cast<uint8_t>(origin.qp), static_cast<uint16_t>(origin.peer)}),

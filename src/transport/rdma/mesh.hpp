@@ -1,5 +1,5 @@
-// The connection mesh: one protection domain, one completion queue, one
-// shared receive queue (RDMACC_SRQ) and RDMACC_QPS_PER_PEER
+// The connection mesh: one protection domain, one completion queue, shared
+// receive queues (RDMACC_SRQ) and RDMACC_QPS_PER_PEER
 // reliable-connected queue pairs to other ranks,
 // established through librdmacm with the group token checked on both sides:
 // to every rank at formation (eager), or to a rank when a transfer first
@@ -77,12 +77,12 @@ struct LocalSlots {
   std::function<SlotRegion(int peer)> region;  // registered on the first call
 };
 
-// Where a receive completion came from: the peer, its queue pair, and whether
-// the receive was the shared receive queue's.
+// Where a receive completion came from: the peer, its queue pair, and which
+// of the mesh's shared receive queues it drew from (-1: the queue pair's own).
 struct ReceiveOrigin {
   int peer = -1;
   int qp = 0;
-  bool shared = false;
+  int queue = -1;
 };
 
 // What connecting on first use produced since the last look.
@@ -139,12 +139,12 @@ class Mesh {
   bool windows() const noexcept { return windows_; }
   verbs::CompletionQueue& cq() noexcept { return *cq_; }
   ibv_qp* qp(int peer, int index = 0) const;
-  // Receives (for the peers' writes with immediate data) come from one shared
-  // receive queue for every queue pair while it has room: each queue pair
-  // adds the receives its peer can have in flight (2 x slots + 4, the bound
-  // the transport checks), not a ring of RDMACC_QP_RECV_DEPTH of its own.
+  // Receives (for the peers' writes with immediate data) come from shared
+  // receive queues while they have room: each queue pair adds the receives
+  // its peer can have in flight (2 x slots + 4, the bound the transport
+  // checks), not a ring of RDMACC_QP_RECV_DEPTH of its own.
   // A receive completion of cq() names its queue pair through its wr_id or,
-  // from the shared queue, its qp_num: which peer it came from, or nullopt
+  // from a shared queue, its qp_num: which peer it came from, or nullopt
   // when no queue pair of this mesh had that number.
   std::optional<ReceiveOrigin> receiveOrigin(const ibv_wc& wc) const;
   // Posts again the receive a successful completion used (to the shared
@@ -153,7 +153,7 @@ class Mesh {
   // Receives posted for this mesh's queue pairs (shared and their own): what
   // the receive side holds, for tests and tools.
   size_t receivesPosted() const noexcept {
-    return srqPostedSeen_.load(std::memory_order_relaxed) +
+    return sharedPosted_.load(std::memory_order_relaxed) +
            ownPosted_.load(std::memory_order_relaxed);
   }
   // The path MTU (bytes) negotiated with peer.
@@ -209,15 +209,15 @@ class Mesh {
   class ReceiveShare {
    public:
     ReceiveShare() = default;
-    ReceiveShare(Mesh& mesh, bool shared, uint32_t count)
-        : mesh_(&mesh), shared_(shared), count_(count) {}
+    ReceiveShare(Mesh& mesh, int queue, uint32_t count)
+        : mesh_(&mesh), queue_(queue), count_(count) {}
     ReceiveShare(ReceiveShare&& other) noexcept { *this = std::move(other); }
     ReceiveShare& operator=(ReceiveShare&& other) noexcept;
     ~ReceiveShare();
 
    private:
     Mesh* mesh_ = nullptr;
-    bool shared_ = false;
+    int queue_ = -1;  // in Mesh::shared_, or -1: a ring of its own
     uint32_t count_ = 0;
   };
   struct Connection;  // src/transport/rdma/mesh_connection.hpp
@@ -229,6 +229,9 @@ class Mesh {
   // it), or RDMACC_QP_RECV_DEPTH before the slots are known.
   uint32_t receivesPerQp() const noexcept;
   // A shared receive's wr_id: its queue pair field says "look up qp_num".
+  // Adds a shared queue for `qps` queue pairs of receivesPerQp (false: the
+  // device has none or refused).
+  bool addSharedQueue(uint32_t perQp, int qps);
   static constexpr uint8_t kSharedReceive = 0xff;  // above RDMACC_QPS_PER_PEER's 16
   static uint64_t sharedReceiveWrId() noexcept {
     return pack(WrId{.kind = WrKind::Recv, .qp = kSharedReceive});
@@ -259,13 +262,21 @@ class Mesh {
   int mailbox_ = -1;                             // for the device's asynchronous events
   verbs::PdPtr pd_;
   std::unique_ptr<verbs::CompletionQueue> cq_;
-  verbs::SrqPtr srq_;                     // after cq_, before every queue pair attached to it
-  uint32_t srqCapacity_ = 0;              // receives the shared queue holds
-  uint32_t srqPosted_ = 0;                // receives posted to it (reposts replace used ones)
-  int srqQps_ = 0;                        // queue pairs alive that draw from it
-  std::atomic<size_t> srqPostedSeen_{0};  // srqPosted_ for other threads
-  std::atomic<size_t> ownPosted_{0};      // in the rings of queue pairs alive without it
-  // qp_num -> (peer, index) of every queue pair made on the shared queue (a
+  // Shared receive queues: one made at opening for every peer (eager) or
+  // for RDMACC_SRQ_PEERS queue pairs (lazy), another when a lazy mesh's
+  // queue pairs outgrow those, so that what is posted grows with them.
+  struct SharedQueue {
+    verbs::SrqPtr srq;
+    uint32_t capacity = 0;  // receives it holds
+    uint32_t posted = 0;    // receives posted to it (reposts replace used ones)
+    int qps = 0;            // queue pairs alive that draw from it
+  };
+  int sharedQueueQps_ = 64;              // lazy: RDMACC_SRQ_PEERS
+  bool useShared_ = false;               // RDMACC_SRQ, and a mesh a transport uses
+  std::vector<SharedQueue> shared_;      // after cq_, before every queue pair attached to one
+  std::atomic<size_t> sharedPosted_{0};  // their posted receives, for other threads
+  std::atomic<size_t> ownPosted_{0};     // in the rings of queue pairs alive without it
+  // qp_num -> (peer, index, queue) of every queue pair made on a shared queue (a
   // destroyed one's number stays until reused: a completion it left in the
   // queue still names its peer).
   std::unordered_map<uint32_t, ReceiveOrigin> sharedOwners_;

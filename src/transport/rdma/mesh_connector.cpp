@@ -5,6 +5,7 @@
 // failures are retried every kRetryDelay; the callers in mesh_eager.cpp and
 // mesh_lazy.cpp decide when to give up.
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include <fmt/format.h>
@@ -93,38 +94,52 @@ verbs::QpParams Mesh::Connector::paramsFor(int remoteMtu) const {
 
 void Mesh::Connector::makeQp(Attempt& a) {
   const int peer = a.peer, q = a.qpIndex;
-  // Its receives: from the shared queue while the queue holds every
-  // attached queue pair's share, else a receive queue of its own.
+  // Its receives: from the first shared queue with room for one more
+  // queue pair's share (a lazy mesh adds a queue when none has), else a
+  // receive queue of its own.
   const uint32_t perQp = mesh.receivesPerQp();
-  const uint64_t sharedAfter = uint64_t{perQp} * static_cast<uint64_t>(mesh.srqQps_ + 1);
-  const bool shared = mesh.srq_ && sharedAfter <= mesh.srqCapacity_;
-  const uint32_t adding =
-      shared ? static_cast<uint32_t>(sharedAfter - std::min<uint64_t>(sharedAfter, mesh.srqPosted_))
-             : mesh.params_.recvDepth;
+  auto fits = [&](const SharedQueue& sq) {
+    return uint64_t{perQp} * static_cast<uint64_t>(sq.qps + 1) <= sq.capacity;
+  };
+  auto room = std::find_if(mesh.shared_.begin(), mesh.shared_.end(), fits);
+  if (room == mesh.shared_.end() && mesh.useShared_ && mesh.lazy_ &&
+      mesh.addSharedQueue(perQp, mesh.sharedQueueQps_) && fits(mesh.shared_.back())) {
+    room = std::prev(mesh.shared_.end());
+  }
+  const bool shared = room != mesh.shared_.end();
+  const int queue = shared ? static_cast<int>(room - mesh.shared_.begin()) : -1;
+  uint32_t adding = mesh.params_.recvDepth;
+  if (shared) {
+    const uint64_t after = uint64_t{perQp} * static_cast<uint64_t>(room->qps + 1);
+    adding = static_cast<uint32_t>(after - std::min<uint64_t>(after, room->posted));
+  }
   // Room in the completion queue for every queue pair's sends and every
   // receive posted (connections on first use grow it as they come).
   const size_t qps = 1 + attempts.size() + static_cast<size_t>(mesh.queuePairs());
   mesh.cq_->reserve(static_cast<int>(std::min<size_t>(
       qps * (mesh.params_.sendDepth + verbs::kBindEntries) + mesh.receivesPosted() + adding,
       INT32_MAX)));
+  // (room stays valid: nothing below adds a queue)
+  SharedQueue* sq = shared ? &mesh.shared_[static_cast<size_t>(queue)] : nullptr;
   auto qp = verbs::createRcQp(mesh.pd_.get(), mesh.cq_->get(), mesh.params_,
-                              shared ? mesh.srq_.get() : nullptr);
+                              sq ? sq->srq.get() : nullptr);
   verbs::moveToInit(qp.get(), a.id.get());
-  const int rc = shared ? verbs::postEmptyRecvs(mesh.srq_.get(), sharedReceiveWrId(), adding)
-                        : verbs::postEmptyRecvs(qp.get(),
-                                                pack(WrId{WrKind::Recv, static_cast<uint8_t>(q),
-                                                          static_cast<uint16_t>(peer), 0}),
-                                                adding);
+  const int rc =
+      sq ? verbs::postEmptyRecvs(sq->srq.get(), sharedReceiveWrId(), adding)
+         : verbs::postEmptyRecvs(
+               qp.get(),
+               pack(WrId{WrKind::Recv, static_cast<uint8_t>(q), static_cast<uint16_t>(peer), 0}),
+               adding);
   if (rc != 0) throw verbs::verbsError("ibv_post_recv", rc, "cannot post the initial receives");
-  if (shared) {
-    mesh.srqPosted_ += adding;
-    mesh.srqPostedSeen_.store(mesh.srqPosted_, std::memory_order_relaxed);
-    ++mesh.srqQps_;
-    mesh.sharedOwners_[qp->qp_num] = ReceiveOrigin{.peer = peer, .qp = q, .shared = true};
+  if (sq) {
+    sq->posted += adding;
+    ++sq->qps;
+    mesh.sharedPosted_.fetch_add(adding, std::memory_order_relaxed);
+    mesh.sharedOwners_[qp->qp_num] = ReceiveOrigin{.peer = peer, .qp = q, .queue = queue};
   } else {
     mesh.ownPosted_.fetch_add(adding, std::memory_order_relaxed);
   }
-  a.receives = ReceiveShare(mesh, shared, adding);
+  a.receives = ReceiveShare(mesh, queue, adding);
   a.qp = std::move(qp);
 }
 
@@ -132,7 +147,7 @@ Mesh::ReceiveShare& Mesh::ReceiveShare::operator=(ReceiveShare&& other) noexcept
   if (this != &other) {
     this->~ReceiveShare();
     mesh_ = std::exchange(other.mesh_, nullptr);
-    shared_ = other.shared_;
+    queue_ = other.queue_;
     count_ = other.count_;
   }
   return *this;
@@ -140,8 +155,8 @@ Mesh::ReceiveShare& Mesh::ReceiveShare::operator=(ReceiveShare&& other) noexcept
 
 Mesh::ReceiveShare::~ReceiveShare() {
   if (mesh_ == nullptr) return;
-  if (shared_) {
-    --mesh_->srqQps_;
+  if (queue_ >= 0) {
+    --mesh_->shared_[static_cast<size_t>(queue_)].qps;
   } else {
     mesh_->ownPosted_.fetch_sub(count_, std::memory_order_relaxed);
   }
