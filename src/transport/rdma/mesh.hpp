@@ -228,10 +228,10 @@ class Mesh {
   // flight at most (2 x slots + 4, RdmaTransport checks the depth against
   // it), or RDMACC_QP_RECV_DEPTH before the slots are known.
   uint32_t receivesPerQp() const noexcept;
-  // A shared receive's wr_id: its queue pair field says "look up qp_num".
   // Adds a shared queue for `qps` queue pairs of receivesPerQp (false: the
   // device has none or refused).
   bool addSharedQueue(uint32_t perQp, int qps);
+  // A shared receive's wr_id: its queue pair field says "look up qp_num".
   static constexpr uint8_t kSharedReceive = 0xff;  // above RDMACC_QPS_PER_PEER's 16
   static uint64_t sharedReceiveWrId() noexcept {
     return pack(WrId{.kind = WrKind::Recv, .qp = kSharedReceive});

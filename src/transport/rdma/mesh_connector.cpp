@@ -119,7 +119,6 @@ void Mesh::Connector::makeQp(Attempt& a) {
   mesh.cq_->reserve(static_cast<int>(std::min<size_t>(
       qps * (mesh.params_.sendDepth + verbs::kBindEntries) + mesh.receivesPosted() + adding,
       INT32_MAX)));
-  // (room stays valid: nothing below adds a queue)
   SharedQueue* sq = shared ? &mesh.shared_[static_cast<size_t>(queue)] : nullptr;
   auto qp = verbs::createRcQp(mesh.pd_.get(), mesh.cq_->get(), mesh.params_,
                               sq ? sq->srq.get() : nullptr);

@@ -65,8 +65,8 @@ int Mesh::Connector::activePeers() const {
 
 // The window bounds what this rank asks of the others at once: a peer
 // accepts requests one after another, and a request's deadline runs while
-// it waits there. Started all at once, an alltoall's 63 requests per rank
-// at 64 ranks waited past RDMACC_CONNECT_TIMEOUT on a loaded host.
+// it waits there, so an operation that names every peer must not send all
+// its requests at once (docs/decisions/010, follow-up 2).
 void Mesh::Connector::startWaiting() {
   const int n = mesh.size_;
   auto distance = [&](int peer) { return (mesh.rank_ - peer + n) % n; };
