@@ -261,6 +261,7 @@ void VerbsBackend::Impl::startEngine(const Options& options, const Placement& pl
               .shmSegment = placement.segment,
               .shmSegmentFile = placement.segmentFile,
               .shmRecords = placement.shmRecords,
+              .lazy = lazyConnections(),
               .slotsPerPeer = static_cast<int>(config.getInt("RDMACC_SLOTS_PER_PEER")),
               .slotBytes = static_cast<size_t>(config.getInt("RDMACC_SLOT_BYTES")),
               .registrations = zeroCopyFrom,

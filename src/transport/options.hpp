@@ -41,6 +41,9 @@ struct TransportOptions {
   std::string shmSegment;
   std::shared_ptr<net::Fd> shmSegmentFile;
   std::vector<std::string> shmRecords;
+  // Resources per peer on first use (RDMACC_CONNECT): RDMA connections, and
+  // a rank's slots in a local peer's shared-memory segment.
+  bool lazy = false;
   int slotsPerPeer = 16;
   // 0: autoSlotBytes(world size, slotsPerPeer) (transport/rdma/transport.hpp).
   size_t slotBytes = 0;

@@ -1,10 +1,8 @@
-// The shared-memory transport's setup: this rank's segment, the peers'
-// (mapped and checked), the doorbells, and whether single-copy writes reach
-// each peer.
+// The shared-memory transport's setup: the peers' segments (mapped and
+// checked), the hellos owed, and whether single-copy writes reach each peer;
+// this rank's own segment is made in segment.cpp.
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <linux/membarrier.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -12,9 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -39,29 +37,12 @@ uint32_t ringEntriesFor(int slots) {
   return n;
 }
 
-Error shmError(const char* call, int errnum, const std::string& what, const std::string& hint) {
-  return errnoError(ErrorKind::Internal, call, errnum, what, hint);
-}
-
-Mapping mapSegment(int fd, size_t bytes, const std::string& name) {
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    throw shmError("mmap", errno, fmt::format("mapping shared memory segment {}", name), "");
-  }
-  return Mapping(static_cast<uint8_t*>(p), PageUnmap{bytes});
-}
-
 // Waits while `word` (in shared memory: a futex of no process in particular)
 // holds `expected`, at most `timeout`.
 void futexWait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::microseconds timeout) {
   const timespec limit{.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000),
                        .tv_nsec = static_cast<long>(timeout.count() % 1'000'000) * 1000};
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, &limit, nullptr,
-            0);
-}
-
-void futexWakeAll(std::atomic<uint32_t>& word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
             0);
 }
 
@@ -83,7 +64,8 @@ ShmTransport::ShmTransport(Store& store, const TransportOptions& options,
       size_(options.size),
       peers_(options.size),
       singleCopy_(options.shmSingleCopy),
-      membarrier_(options.shmMembarrier) {
+      membarrier_(options.shmMembarrier),
+      lazySlots_(options.lazy) {
   for (int rank = 0; rank < size_; ++rank) {
     peers_[rank].carried = rank != rank_ && carried[idx(rank)];
     if (peers_[rank].carried) ++geometry_.lanes;
@@ -101,77 +83,6 @@ ShmTransport::ShmTransport(Store& store, const TransportOptions& options,
   }
   create(options.shmSegment, options.shmSegmentFile);
   attach(store, options);
-}
-
-// Our segment: a memfd of this user's, 0600, its memory reserved now (so
-// too little memory fails here with a clear error instead of SIGBUS
-// later), then sealed: neither we nor a peer can shrink it under the
-// others' mappings (which would make their next access fault) or grow it.
-void ShmTransport::create(const std::string& name, std::shared_ptr<net::Fd> file) {
-  name_ = name.empty() ? newSegmentName() : name;
-  if (!validSegmentName(name_)) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("'{}' is no segment name of rdmacc's", name_));
-  }
-  file_ = file ? std::move(file) : std::make_shared<net::Fd>(createSegmentFile(name_));
-  const int fd = file_->get();
-  const size_t bytes = geometry_.totalBytes();
-  // The size first (at once), so that peers can map the head and wait on
-  // it while the memory is reserved.
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    throw shmError("ftruncate", errno, fmt::format("sizing {}", name_), "");
-  }
-  if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
-    throw shmError("posix_fallocate", rc,
-                   fmt::format("reserving {} MiB of shared memory for {} local peer(s)",
-                               (bytes + (1u << 20) - 1) >> 20, geometry_.lanes),
-                   "the host (or the container's memory limit) has too little memory for the "
-                   "segments: lower RDMACC_SLOTS_PER_PEER / RDMACC_SLOT_BYTES");
-  }
-  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    throw shmError("fcntl(F_ADD_SEALS)", errno, fmt::format("sealing {}", name_), "");
-  }
-  mine_ = mapSegment(fd, bytes, name_);
-  head_ = new (mine_.get()) SegmentHead{};
-  head_->lanes = geometry_.lanes;
-  head_->slots = geometry_.slots;
-  head_->ringEntries = geometry_.ringEntries;
-  head_->slotBytes = geometry_.slotBytes;
-  head_->boardEntries = geometry_.boardEntries;
-  head_->boardEntryBytes = geometry_.boardEntryBytes;
-  sleepBarrier_ = membarrier_ &&
-                  ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0U, 0) == 0;
-  head_->sleepBarrier = sleepBarrier_ ? 1 : 0;
-  head_->base = reinterpret_cast<uintptr_t>(mine_.get());
-  std::random_device random;
-  head_->nonce = (uint64_t{random()} << 32 | random()) | 1;
-  for (uint32_t lane = 0; lane < geometry_.lanes; ++lane) {
-    new (mine_.get() + geometry_.laneOffset(lane)) RingHead{};
-  }
-  board_ = mine_.get() + geometry_.boardOffset();
-  for (uint32_t entry = 0; entry < geometry_.boardEntries; ++entry) {
-    new (mine_.get() + geometry_.boardOffset() + size_t{entry} * geometry_.boardEntryBytes)
-        BoardEntry{};
-  }
-  doorbell_ = net::Fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  bell_ = net::Fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!doorbell_ || !bell_) throw shmError("socket", errno, "creating the wake-up sockets", "");
-  // Each datagram then carries its sender's pid, as the kernel knows it:
-  // the peers' hellos (hello.cpp).
-  const int on = 1;
-  if (::setsockopt(doorbell_.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0) {
-    throw shmError("setsockopt(SO_PASSCRED)", errno, "on the wake-up socket", "");
-  }
-  prepareDoorbellDirectory();
-  socklen_t length = 0;
-  sockaddr_un addr = doorbellAddress(name_, length);
-  if (::bind(doorbell_.get(), reinterpret_cast<const sockaddr*>(&addr), length) != 0) {
-    throw shmError("bind", errno, fmt::format("binding the wake-up socket {}", addr.sun_path), "");
-  }
-  doorbellPath_.path = addr.sun_path;
-  head_->magic.store(kMagic, std::memory_order_release);  // built: peers may map it
-  head_->built.store(1, std::memory_order_release);
-  futexWakeAll(head_->built);
 }
 
 // Learns every local peer's "name:pid" (from the host records the backend
@@ -307,14 +218,15 @@ void ShmTransport::joinPeer(int rank, Peer& p, const std::string& name, size_t t
                                                  name, p.mappedBytes, bytes));
   }
   p.board = p.mapping.get() + geometry_.boardOffset();
-  uint8_t* theirs = p.mapping.get() + geometry_.laneOffset(theirLane);
+  uint8_t* theirs = p.mapping.get() + geometry_.ringOffset(theirLane);
   p.out = reinterpret_cast<RingHead*>(theirs);
   p.outRecords = reinterpret_cast<Record*>(theirs + sizeof(RingHead));
-  p.outSlots = theirs + sizeof(RingHead) + geometry_.recordsBytes();
-  uint8_t* ours = mine_.get() + geometry_.laneOffset(ourLane);
+  p.outSlots = p.mapping.get() + geometry_.slotsOffset(theirLane);
+  p.slotsReserved = p.head->slotsReserved != 0;
+  uint8_t* ours = mine_.get() + geometry_.ringOffset(ourLane);
   p.in = reinterpret_cast<RingHead*>(ours);
   p.inRecords = reinterpret_cast<Record*>(ours + sizeof(RingHead));
-  p.inSlots = ours + sizeof(RingHead) + geometry_.recordsBytes();
+  p.inSlots = mine_.get() + geometry_.slotsOffset(ourLane);
   p.doorbell = doorbellAddress(name, p.doorbellLength);
   p.window = SlotWindow(static_cast<int>(geometry_.slots));
   p.singleCopy = singleCopy_ && probeSingleCopy(rank, p);
@@ -449,33 +361,3 @@ bool ShmTransport::probeSingleCopy(int rank, const Peer& p) const {
 }
 
 }  // namespace rdmacc::shm
-
-namespace rdmacc {
-
-std::string newSegmentName() {
-  std::random_device random;
-  return fmt::format("/rdmacc-{}-{:08x}{:08x}", ::getpid(), random(), random());
-}
-
-std::string segmentRecord(const std::string& name, int fd) {
-  return fmt::format("{}:{}:{}", name, ::getpid(), fd);
-}
-
-net::Fd createSegmentFile(const std::string& name) {
-  // The memfd's name (what /proc/PID/maps shows) without the leading '/'.
-  net::Fd fd(::memfd_create(name.c_str() + (name.starts_with('/') ? 1 : 0),
-                            MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd) throw shm::shmError("memfd_create", errno, fmt::format("creating {}", name), "");
-  if (::fchmod(fd.get(), 0600) != 0) {
-    throw shm::shmError("fchmod", errno, fmt::format("making {} private", name), "");
-  }
-  return fd;
-}
-
-bool validSegmentName(std::string_view name) {
-  return name.size() <= 64 && name.starts_with("/rdmacc-") &&
-         name.find_first_not_of("/rdmacc-0123456789abcdef") == std::string_view::npos &&
-         name.find('/', 1) == std::string_view::npos;
-}
-
-}  // namespace rdmacc

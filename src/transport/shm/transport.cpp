@@ -84,6 +84,7 @@ bool ShmTransport::trySend(int to, const Header& header, const uint8_t* data,
                            std::optional<DirectTarget> direct) {
   Peer& p = peers_[to];
   if (!p.window.canSend(creditReserve_) || ringSpace(to, p) == 0) return false;
+  if (!p.slotsReserved) reserveSlots(to, p);
   const int remote = p.window.nextRemote();
   uint8_t* slot = p.outSlots + static_cast<size_t>(remote) * geometry_.slotBytes;
   const bool single = direct && header.payload > 0 && p.singleCopy && p.pidVerified &&

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "rdmacc/error.hpp"
 #include "rdmacc/store.hpp"
 #include "src/core/buffer.hpp"
 #include "src/core/by_rank.hpp"
@@ -32,7 +33,7 @@ using wire::Header;
 using wire::kHeaderBytes;
 
 constexpr uint64_t kMagic = 0x524443434d485331;  // "RDCCMHS1"
-constexpr uint32_t kVersion = 6;
+constexpr uint32_t kVersion = 7;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<uint32_t>::is_always_lock_free,
@@ -64,6 +65,11 @@ struct SegmentHead {
   // before it looks for work (ShmTransport::arm), so a peer that registered
   // for it may publish and then read `sleeping` without a fence of its own.
   uint32_t sleepBarrier = 0;
+  // 1: the owner reserved the whole segment. 0: only the heads, rings and
+  // board; each sender reserves its own slots in it before its first write
+  // (ShmTransport::reserveSlots), so that a host's shared memory grows with
+  // the pairs that talk, not with the square of its ranks.
+  uint32_t slotsReserved = 1;
   alignas(64) std::atomic<uint32_t> sleeping{0};  // the owner sleeps: ring its doorbell
   // The owner's engine runs a one-shot collective (Board::engineWaits): only
   // then do board posts and reads ring a sleeping owner's doorbell.
@@ -104,7 +110,19 @@ struct Record {
   uint32_t bytes = 0;
 };
 
+// A segment: the head, every lane's ring (records), each lane's slots on
+// pages of their own, then the board. The rings come together so that a
+// lazy segment reserves them in one range; a lane's slots start on a page
+// boundary so that the sender reserving them reserves nobody else's.
 struct Geometry {
+  // 4 KiB, the smallest page: on hosts with larger pages a reservation may
+  // take a neighbour's first page along (harmless).
+  static constexpr size_t kLaneAlign = 4096;
+  // The head alone in the first 64 KiB: a peer's first look at it is a
+  // read, and the kernel maps the written pages around a read fault along
+  // with it (fault-around, 64 KiB by default), which would make every
+  // ring in the block count as each rank's resident memory.
+  static constexpr size_t kHeadBlock = 64 * 1024;
   uint32_t lanes = 0;
   uint32_t slots = 0;
   uint32_t ringEntries = 0;
@@ -113,13 +131,24 @@ struct Geometry {
   uint32_t boardEntryBytes = 0;
   size_t headBytes() const { return roundUp(sizeof(SegmentHead), 64); }
   size_t recordsBytes() const { return roundUp(ringEntries * sizeof(Record), 64); }
-  size_t laneBytes() const { return sizeof(RingHead) + recordsBytes() + slots * slotBytes; }
-  size_t boardOffset() const { return headBytes() + lanes * laneBytes(); }
+  size_t ringBytes() const { return sizeof(RingHead) + recordsBytes(); }
+  size_t ringOffset(size_t lane) const {
+    return roundUp(headBytes(), kHeadBlock) + lane * ringBytes();
+  }
+  size_t slotsBytes() const { return roundUp(slots * slotBytes, kLaneAlign); }
+  size_t slotsOffset(size_t lane) const {
+    return roundUp(ringOffset(lanes), kLaneAlign) + lane * slotsBytes();
+  }
+  size_t boardOffset() const { return slotsOffset(lanes); }
   size_t totalBytes() const { return boardOffset() + size_t{boardEntries} * boardEntryBytes; }
-  size_t laneOffset(size_t lane) const { return headBytes() + lane * laneBytes(); }
 };
 
 using Mapping = std::unique_ptr<uint8_t, PageUnmap>;
+
+// transport/shm/segment.cpp: a failed call's error, and a segment mapped
+// shared (throws on failure).
+Error shmError(const char* call, int errnum, const std::string& what, const std::string& hint);
+Mapping mapSegment(int fd, size_t bytes, const std::string& name);
 
 struct Peer {
   bool carried = false;
@@ -135,6 +164,7 @@ struct Peer {
   RingHead* out = nullptr;
   Record* outRecords = nullptr;
   uint8_t* outSlots = nullptr;
+  bool slotsReserved = false;  // outSlots have memory behind them (SegmentHead::slotsReserved)
   uint64_t outTail = 0;
   uint64_t outHead = 0;  // the peer's head as last read (it only grows)
   RingHead* in = nullptr;
@@ -253,6 +283,9 @@ class ShmTransport final : public Transport, public Board {
   void drainDoorbell();
   void takeHello(const void* data, size_t bytes, int senderPid);
   bool probeSingleCopy(int rank, const Peer& p) const;
+  // Gives our slots in the peer's segment their memory (once, before the
+  // first write to them), failing with an error instead of a SIGBUS later.
+  void reserveSlots(int to, Peer& p);
   static bool processExited(const Peer& p);
   bool writeDirect(int to, Peer& p, const uint8_t* data, const DirectTarget& target, size_t bytes);
 
@@ -292,6 +325,8 @@ class ShmTransport final : public Transport, public Board {
   bool singleCopy_;          // RDMACC_SHM_SINGLE_COPY
   size_t oneShotBytes_ = 0;  // RDMACC_SHM_ONE_SHOT_BYTES when there is a board
   bool membarrier_;          // RDMACC_SHM_MEMBARRIER
+  // TransportOptions::lazy, where the kernel can populate pages (create()).
+  bool lazySlots_;
   // This process registered for membarrier(GLOBAL_EXPEDITED): arm() issues
   // one (SegmentHead::sleepBarrier).
   bool sleepBarrier_ = false;

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -180,6 +181,66 @@ TEST(ShmTransport, ASegmentCannotBeShrunkUnderItsPeersMappings) {
   EXPECT_NE(::fcntl(file->get(), F_ADD_SEALS, F_SEAL_WRITE), 0) << "the seals can be changed";
 }
 
+// Bytes of memory behind a segment's file (what the host gives it).
+size_t allocatedBytes(const net::Fd& file) {
+  struct stat st {};
+  EXPECT_EQ(::fstat(file.get(), &st), 0);
+  return static_cast<size_t>(st.st_blocks) * 512;
+}
+
+// Three ranks of a lazy group (as threads). Rank 0's segment holds a lane of
+// slots for each of its two peers: at formation none has memory behind it
+// (only the head, the rings and the board do); rank 1's first message gives
+// rank 1's lane its memory, and rank 2's lane stays without. An eager group
+// reserves the whole segment at formation, as before.
+TEST(ShmTransport, ASendersSlotsGetTheirMemoryAtItsFirstSend) {
+  for (const bool lazy : {true, false}) {
+    SCOPED_TRACE(lazy ? "lazy" : "eager");
+    HashStore store(10s);
+    auto file = std::make_shared<net::Fd>(createSegmentFile(newSegmentName()));
+    const std::string group = lazy ? "slots-lazy" : "slots-eager";
+    std::vector<std::unique_ptr<Transport>> ranks(3);
+    {
+      std::vector<std::jthread> forming;
+      for (int r = 0; r < 3; ++r) {
+        forming.emplace_back([&, r] {
+          TransportOptions o;
+          o.group = group;
+          o.rank = r;
+          o.size = 3;
+          o.lazy = lazy;
+          o.connectTimeout = 10'000ms;
+          o.slotBytes = 64 * 1024;
+          if (r == 0) o.shmSegmentFile = file;
+          ranks[static_cast<size_t>(r)] = makeShmTransport(store, o, {true, true, true});
+        });
+      }
+    }
+    ASSERT_TRUE(ranks[0] && ranks[1] && ranks[2]);
+    struct stat st {};
+    ASSERT_EQ(::fstat(file->get(), &st), 0);
+    const auto segment = static_cast<size_t>(st.st_size);
+    const size_t laneSlots = 16 * 64 * 1024;  // slots per peer x slot bytes
+    const size_t formed = allocatedBytes(*file);
+    if (!lazy) {
+      EXPECT_GE(formed, segment);
+      continue;
+    }
+    EXPECT_LT(formed, laneSlots) << "of a segment of " << segment << " bytes";
+
+    wire::Header h;
+    h.kind = wire::MessageKind::PointToPoint;
+    const uint64_t payload = 42;
+    h.payload = sizeof payload;
+    h.check = sizeof payload;
+    ASSERT_TRUE(
+        ranks[1]->trySend(0, h, reinterpret_cast<const uint8_t*>(&payload), nullptr, std::nullopt));
+    const size_t sent = allocatedBytes(*file);
+    EXPECT_GE(sent, formed + laneSlots);  // rank 1's lane, whole
+    EXPECT_LT(sent, formed + 2 * laneSlots) << "rank 2's lane has memory too";
+  }
+}
+
 // Single-copy writes go where a peer's advert says; an address the peer does
 // not have (a hostile or stale advert) is refused by the kernel, reported,
 // and nothing is written: the transport then sends through the slot.
@@ -317,7 +378,7 @@ TEST(ShmTransport, ACorruptRingTailFailsTheGroupNamingThePeer) {
   const auto [segment, geometry] = segmentOf(*store, "corrupt", 0);
   ASSERT_NE(segment, nullptr) << "rank 0's segment is not in /proc/self/maps";
   // Rank 0's only local peer is rank 1: lane 0 of its segment is rank 1's.
-  auto* ring = reinterpret_cast<shm::RingHead*>(segment + geometry.laneOffset(0));
+  auto* ring = reinterpret_cast<shm::RingHead*>(segment + geometry.ringOffset(0));
   // Rank 1 publishes its own count (tail = ++its count): any message of its
   // would overwrite a corrupt tail before rank 0 looked, and the corruption
   // would never be seen. So the tail is corrupted only once it has stood
