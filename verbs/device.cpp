@@ -166,9 +166,18 @@ void SharedDevice::unsubscribe(int mailbox) {
 std::vector<AsyncEvent> SharedDevice::takeAsyncEvents(int mailbox) {
   std::lock_guard lock(mutex_);
   std::vector<AsyncEvent> fresh = verbs::takeAsyncEvents(context_.get());
-  for (auto& [id, events] : mailboxes_) events.insert(events.end(), fresh.begin(), fresh.end());
   std::vector<AsyncEvent> mine;
-  if (auto it = mailboxes_.find(mailbox); it != mailboxes_.end()) mine.swap(it->second);
+  for (auto& [id, events] : mailboxes_) {
+    if (id == mailbox) {
+      mine.swap(events);
+      continue;
+    }
+    for (AsyncEvent e : fresh) {
+      e.first = false;
+      events.push_back(e);
+    }
+  }
+  mine.insert(mine.end(), fresh.begin(), fresh.end());
   return mine;
 }
 
@@ -187,6 +196,13 @@ std::vector<AsyncEvent> takeAsyncEvents(ibv_context* context) {
       case IBV_EVENT_PATH_MIG_ERR:
       case IBV_EVENT_QP_LAST_WQE_REACHED:
         e.qp = event.element.qp;
+        break;
+      case IBV_EVENT_CQ_ERR:
+        e.cq = event.element.cq;
+        break;
+      case IBV_EVENT_SRQ_ERR:
+      case IBV_EVENT_SRQ_LIMIT_REACHED:
+        e.srq = event.element.srq;
         break;
       case IBV_EVENT_PORT_ACTIVE:
       case IBV_EVENT_PORT_ERR:

@@ -30,9 +30,15 @@ ibv_mtu mtuFromBytes(int bytes) noexcept;
 // blocking.
 struct AsyncEvent {
   ibv_event_type type;
-  const char* name;      // ibv_event_type_str
-  ibv_qp* qp = nullptr;  // the queue pair, for QP events
-  int port = 0;          // the port, for port events
+  const char* name;        // ibv_event_type_str
+  ibv_qp* qp = nullptr;    // the queue pair, for QP events
+  ibv_cq* cq = nullptr;    // the completion queue, for IBV_EVENT_CQ_ERR
+  ibv_srq* srq = nullptr;  // the shared receive queue, for SRQ events
+  int port = 0;            // the port, for port events
+  // This user read it from the device (SharedDevice): the one that reports
+  // what concerns every user alike, such as a port going down, so that it
+  // is reported once per process, not once per group.
+  bool first = true;
 };
 void makeAsyncNonBlocking(ibv_context* context);
 std::vector<AsyncEvent> takeAsyncEvents(ibv_context* context);
@@ -42,8 +48,9 @@ std::vector<AsyncEvent> takeAsyncEvents(ibv_context* context);
 // groups do not open the device once each. Each group keeps its own
 // protection domain, queues and connections (its failure domain). The
 // device's asynchronous events go to every user: whichever asks first reads
-// them from the device and the others find them in their own mailbox at
-// their next look (each acts on those about its own queue pairs).
+// them from the device (AsyncEvent::first) and the others find them in
+// their own mailbox at their next look (each acts on those about its own
+// queue pairs, completion queue and shared receive queues).
 // Thread-safe; a process forked after opening opens its own.
 class SharedDevice {
  public:

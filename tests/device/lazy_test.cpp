@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -24,6 +26,7 @@
 #include "rdmacc/backend.hpp"
 #include "rdmacc/config.hpp"
 #include "rdmacc/error.hpp"
+#include "rdmacc/log.hpp"
 #include "tests/device/group.hpp"
 
 namespace rdmacc {
@@ -282,6 +285,41 @@ TEST(Lazy, PeersGoneDuringTheirConnectionAreNamed) {
         << "victim " << victim << ": " << error;
   }
   EXPECT_LT(Clock::now() - start, 25s);
+}
+
+// The groups of a process share the device, and so its events: rank 0 takes
+// the device's netdev down for half a second while three idle groups live
+// in every process, and each process reports the port going down (and
+// coming back) once, by whichever group read the event, not once per group.
+// Run on its own (ip link, as root in the VM): the flap may break the
+// groups' connections.
+TEST(Lazy, PortFlapIsReportedOncePerProcess) {
+  std::atomic<int> down{0}, active{0};
+  setLogSink([&](LogLevel, std::string_view line) {
+    if (line.find("went down") != std::string_view::npos) ++down;
+    if (line.find("is active again") != std::string_view::npos) ++active;
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+  });
+  auto a = lazyGroup("flap-a");
+  auto b = lazyGroup("flap-b");
+  auto c = test::groupFromEnvironment("flap-c", {{"RDMACC_CONNECT", "eager"}});
+  for (const auto& g : {a, b, c}) g->barrier()->wait();
+  if (a->getRank() == 0) {
+    const char* flap =
+        "set -e; n=$(rdma link show | sed -n 's/.*netdev \\([^ ]*\\).*/\\1/p' | head -1); "
+        "ip link set \"$n\" down; sleep 0.5; ip link set \"$n\" up";
+    EXPECT_EQ(std::system(flap), 0) << flap;
+  }
+  // Idle groups read the events when the device's descriptor wakes them.
+  const auto deadline = Clock::now() + 10s;
+  while (down.load() == 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  std::this_thread::sleep_for(2s);  // the other groups' copies, had they been reported
+  setLogSink(nullptr);
+  EXPECT_EQ(down.load(), 1) << "rank " << a->getRank();
+  // (Soft-RoCE's port may come back after the groups stopped looking.)
+  EXPECT_LE(active.load(), 1) << "rank " << a->getRank();
 }
 
 }  // namespace

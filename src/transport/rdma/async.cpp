@@ -49,9 +49,17 @@ void RdmaTransport::takeAsyncEvents() {
       }
       case IBV_EVENT_CQ_ERR:
       case IBV_EVENT_SRQ_ERR:  // every queue pair's receives came from it
-      case IBV_EVENT_DEVICE_FATAL: {
-        log(LogLevel::Error, "asynchronous event {} on {}: every transfer through it fails", e.name,
-            where.device);
+        if (!mesh_.owns(e)) {  // another group's: its failure is that group's alone
+          log(LogLevel::Debug, "asynchronous event {} on {} for another group's queue", e.name,
+              where.device);
+          break;
+        }
+        [[fallthrough]];
+      case IBV_EVENT_DEVICE_FATAL: {  // every group's: each fails, one reports it
+        if (e.type != IBV_EVENT_DEVICE_FATAL || e.first) {
+          log(LogLevel::Error, "asynchronous event {} on {}: every transfer through it fails",
+              e.name, where.device);
+        }
         for (int rank = 0; rank < size_; ++rank) {
           if (rank == rank_ || peer(rank).lanes.empty()) continue;
           asyncFailures_.emplace_back(
@@ -66,13 +74,16 @@ void RdmaTransport::takeAsyncEvents() {
         }
         break;
       }
+      // The port is every group's: the group that read the event reports it.
       case IBV_EVENT_PORT_ERR:
+        if (!e.first) break;
         log(LogLevel::Warn,
             "port {} of {} went down ({}): transfers retry until the retry budget "
             "(RDMACC_IB_TIMEOUT x RDMACC_IB_RETRY_CNT) is spent",
             e.port, where.device, e.name);
         break;
       case IBV_EVENT_PORT_ACTIVE:
+        if (!e.first) break;
         log(LogLevel::Info, "port {} of {} is active again ({})", e.port, where.device, e.name);
         break;
       default:

@@ -6,6 +6,7 @@
 // names it (lazy, RDMACC_CONNECT; docs/decisions/010).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <exception>
@@ -138,6 +139,13 @@ class Mesh {
   // bound to their own queue pairs (RDMACC_MEMORY_WINDOWS and the device).
   bool windows() const noexcept { return windows_; }
   verbs::CompletionQueue& cq() noexcept { return *cq_; }
+  // Whether a device event's queue is this group's: the device, and so its
+  // events, are shared by the groups of the process.
+  bool owns(const verbs::AsyncEvent& e) const noexcept {
+    if (e.cq != nullptr) return e.cq == cq_->get();
+    return std::any_of(shared_.begin(), shared_.end(),
+                       [&](const SharedQueue& q) { return q.srq.get() == e.srq; });
+  }
   ibv_qp* qp(int peer, int index = 0) const;
   // Receives (for the peers' writes with immediate data) come from shared
   // receive queues while they have room: each queue pair adds the receives
