@@ -99,6 +99,12 @@ TEST(Lazy, QueuePairsGrowWithThePeersOperationsUse) {
   for (float x : data) ASSERT_EQ(x, static_cast<float>(size));
   EXPECT_EQ(g->queuePairs(), 2) << "rank " << rank << " after a ring allreduce";
   expectReceives(*g, 2);
+  // A second ring allreduce fences the counts above from the alltoall: no
+  // rank leaves it before every rank entered it, so no peer's alltoall
+  // starts connecting to this rank (posting receives for a queue pair not
+  // yet counted) while it counts. It talks to the same two neighbours.
+  g->allreduce(t, AllreduceOptions{.algorithm = Algorithm::Ring})->wait();
+  EXPECT_EQ(g->queuePairs(), 2) << "rank " << rank << " after a second ring allreduce";
   // An alltoall talks to everyone.
   std::vector<int32_t> in(static_cast<size_t>(size)), out(static_cast<size_t>(size), -1);
   for (int p = 0; p < size; ++p) in[static_cast<size_t>(p)] = rank * 1000 + p;
