@@ -163,8 +163,9 @@ void Mesh::open(const Config& config, const MeshOptions& options) {
   uint32_t perQp = params_.recvDepth;
   useShared_ = config.getBool("RDMACC_SRQ") && (lazy_ || transportConnects_) && size_ > 1;
   if (useShared_) {
-    perQp = std::min(params_.recvDepth,
-                     2 * static_cast<uint32_t>(config.getInt("RDMACC_SLOTS_PER_PEER")) + 4);
+    // The transport's slots (setLocalSlots) come later, from this setting.
+    perQp = receivesPerQp(params_.recvDepth,
+                          static_cast<uint32_t>(config.getInt("RDMACC_SLOTS_PER_PEER")));
     sharedQueueQps_ = static_cast<int>(config.getInt("RDMACC_SRQ_PEERS"));
     const int all = std::max(connectedPeers(), 1) * qpsPerPeer_;
     addSharedQueue(perQp, lazy_ ? std::min(all, sharedQueueQps_) : all);
@@ -321,7 +322,7 @@ bool Mesh::addSharedQueue(uint32_t perQp, int qps) {
 
 uint32_t Mesh::receivesPerQp() const noexcept {
   if (localSlots_.slotsPerPeer == 0) return params_.recvDepth;
-  return std::min(params_.recvDepth, 2 * static_cast<uint32_t>(localSlots_.slotsPerPeer) + 4);
+  return receivesPerQp(params_.recvDepth, localSlots_.slotsPerPeer);
 }
 
 std::optional<ReceiveOrigin> Mesh::receiveOrigin(const ibv_wc& wc) const {
@@ -337,10 +338,8 @@ int Mesh::repostReceive(const ReceiveOrigin& origin) {
     return verbs::postEmptyRecvs(shared_[static_cast<size_t>(origin.queue)].srq.get(),
                                  sharedReceiveWrId(), 1);
   }
-  return verbs::postEmptyRecvs(
-      qp(origin.peer, origin.qp),
-      pack(WrId{WrKind::Recv, static_cast<uint8_t>(origin.qp), static_cast<uint16_t>(origin.peer)}),
-      1);
+  return verbs::postEmptyRecvs(qp(origin.peer, origin.qp), ownReceiveWrId(origin.peer, origin.qp),
+                               1);
 }
 
 int Mesh::pathMtu(int peer) const {

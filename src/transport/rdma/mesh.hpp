@@ -236,6 +236,9 @@ class Mesh {
   // flight at most (2 x slots + 4, RdmaTransport checks the depth against
   // it), or RDMACC_QP_RECV_DEPTH before the slots are known.
   uint32_t receivesPerQp() const noexcept;
+  static uint32_t receivesPerQp(uint32_t recvDepth, uint32_t slotsPerPeer) noexcept {
+    return std::min(recvDepth, 2 * slotsPerPeer + 4);
+  }
   // Adds a shared queue for `qps` queue pairs of receivesPerQp (false: the
   // device has none or refused).
   bool addSharedQueue(uint32_t perQp, int qps);
@@ -243,6 +246,11 @@ class Mesh {
   static constexpr uint8_t kSharedReceive = 0xff;  // above RDMACC_QPS_PER_PEER's 16
   static uint64_t sharedReceiveWrId() noexcept {
     return pack(WrId{.kind = WrKind::Recv, .qp = kSharedReceive});
+  }
+  // A receive of a queue pair's own ring names its peer and lane.
+  static uint64_t ownReceiveWrId(int peer, int qp) noexcept {
+    return pack(WrId{
+        .kind = WrKind::Recv, .qp = static_cast<uint8_t>(qp), .peer = static_cast<uint16_t>(peer)});
   }
   void setSkip(std::vector<bool> skip);
   std::pair<std::string, uint16_t> parseAddress(int peer, const std::string& text,

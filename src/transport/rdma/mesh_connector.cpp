@@ -123,12 +123,8 @@ void Mesh::Connector::makeQp(Attempt& a) {
   auto qp = verbs::createRcQp(mesh.pd_.get(), mesh.cq_->get(), mesh.params_,
                               sq ? sq->srq.get() : nullptr);
   verbs::moveToInit(qp.get(), a.id.get());
-  const int rc =
-      sq ? verbs::postEmptyRecvs(sq->srq.get(), sharedReceiveWrId(), adding)
-         : verbs::postEmptyRecvs(
-               qp.get(),
-               pack(WrId{WrKind::Recv, static_cast<uint8_t>(q), static_cast<uint16_t>(peer), 0}),
-               adding);
+  const int rc = sq ? verbs::postEmptyRecvs(sq->srq.get(), sharedReceiveWrId(), adding)
+                    : verbs::postEmptyRecvs(qp.get(), ownReceiveWrId(peer, q), adding);
   if (rc != 0) throw verbs::verbsError("ibv_post_recv", rc, "cannot post the initial receives");
   if (sq) {
     sq->posted += adding;
