@@ -123,7 +123,7 @@ class Board {
   // the caller's fast path runs under the progress lock, after a round of
   // progress (which polls what arrived: quiet() then tells whether that
   // round saw everything). Shared memory posts into its own segment and
-  // needs neither, except while it still maps peers at first contact.
+  // needs neither.
   virtual bool exclusive() const noexcept { return false; }
 
  protected:

@@ -17,9 +17,6 @@ namespace rdmacc::shm {
 // consumed marks are read again only when the one seen last is too old:
 // their cache lines stay with their owners while the board has room.
 bool ShmTransport::writable(uint64_t sequence) {
-  // The board is read by every local peer and reads each: all are joined
-  // before the first post.
-  if (unjoined_ > 0 && !tryJoinAll()) return false;
   const uint64_t previous = posted_[sequence % kBoardEntries];
   if (previous == 0) return true;
   for (Peer& p : peers_) {
@@ -44,7 +41,6 @@ void ShmTransport::post(uint64_t sequence, uint64_t check, const uint8_t* data, 
 // occupant, so what this rank reads here stays until it calls consumed().
 const uint8_t* ShmTransport::peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) {
   Peer& p = peers_[peer];
-  if (!tryJoin(peer, p)) return nullptr;
   const auto* entry = reinterpret_cast<const BoardEntry*>(boardEntry(p.board, sequence));
   const uint64_t posted = entry->sequence.load(std::memory_order_acquire);
   if (posted < sequence) return nullptr;  // not yet (it holds an earlier collective's)
@@ -77,7 +73,7 @@ bool ShmTransport::quiet() const {
   for (const Peer& p : peers_) {
     if (!p.carried) continue;
     if (p.in->tail.load(std::memory_order_acquire) != p.in->head.load(std::memory_order_acquire) ||
-        (p.joined && p.head->departed.load(std::memory_order_relaxed) != 0)) {
+        p.head->departed.load(std::memory_order_relaxed) != 0) {
       return false;
     }
   }
@@ -87,7 +83,7 @@ bool ShmTransport::quiet() const {
 void ShmTransport::wakeSleepingPeers() const {
   publishFence();
   for (const Peer& p : peers_) {
-    if (p.joined && p.head->sleeping.load(std::memory_order_acquire) != 0 &&
+    if (p.carried && p.head->sleeping.load(std::memory_order_acquire) != 0 &&
         p.head->boardWaiting.load(std::memory_order_relaxed) != 0) {
       ringDoorbell(p);
     }

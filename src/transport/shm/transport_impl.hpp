@@ -10,7 +10,6 @@
 
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -157,16 +156,7 @@ struct Peer {
   net::Fd pidfd;
   std::string address;     // "pid N on this host", for errors
   std::string waitingFor;  // what its segment lacked at the last look (for the timeout)
-  std::string segment;     // its segment's name, from its record
-  std::string path;        // where it is opened: /proc/PID/fd/FD
-  size_t outLane = 0;      // this rank's lane in the peer's segment
-  size_t inLane = 0;       // the peer's lane in ours
-  // Its segment is mapped and checked, and ours is wired to it (joinPeer):
-  // at formation in eager groups, at first contact in lazy ones.
-  bool joined = false;
-  std::chrono::steady_clock::time_point joinBy{};     // set at the first attempt
-  std::chrono::steady_clock::time_point exitCheck{};  // next look at its process
-  Mapping mapping;                                    // the peer's segment
+  Mapping mapping;         // the peer's segment
   size_t mappedBytes = 0;
   SegmentHead* head = nullptr;
   // This rank's lane in the peer's segment (we produce), and the peer's lane
@@ -243,11 +233,6 @@ class ShmTransport final : public Transport, public Board {
   const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override;
   void consumed(uint64_t sequence) override;
   bool quiet() const override;
-  // While a lazy group has peers not joined, the caller's fast path would
-  // join them (tryJoinAll), which writes state the engine thread reads: it
-  // then runs under the progress lock. Joined peers stay joined, so once
-  // none is left the board needs the lock no more.
-  bool exclusive() const noexcept override { return unjoined_.load(std::memory_order_acquire) > 0; }
   void engineWaits(bool waits) override {
     head_->boardWaiting.store(waits ? 1 : 0, std::memory_order_relaxed);
   }
@@ -278,12 +263,7 @@ class ShmTransport final : public Transport, public Board {
   void create(const std::string& name, std::shared_ptr<net::Fd> file);
   void attach(Store& store, const TransportOptions& options);
   bool tryMapPeerSegment(int rank, Peer& p, const std::string& path);
-  // One attempt at mapping and joining rank's segment, true once joined;
-  // throws when its process exited or it was not ready by p.joinBy.
-  bool tryJoin(int rank, Peer& p);
-  // Every local peer joined (the board reads all of them); false: not yet.
-  bool tryJoinAll();
-  void joinPeer(int rank, Peer& p);
+  void joinPeer(int rank, Peer& p, const std::string& name, size_t theirLane, size_t ourLane);
   // Closes our segment's descriptor once every local peer mapped it.
   void closeIfMapped();
   // Free ring entries in peer's lane; throws when the peer corrupted its head.
@@ -347,18 +327,10 @@ class ShmTransport final : public Transport, public Board {
   bool membarrier_;          // RDMACC_SHM_MEMBARRIER
   // TransportOptions::lazy, where the kernel can populate pages (create()).
   bool lazySlots_;
-  // TransportOptions::lazy: a peer's segment is mapped at first contact.
-  bool lazyJoin_;
-  std::chrono::milliseconds connectTimeout_;
-  // Local peers not joined yet. Decremented (release) as a join's last
-  // write, under the progress lock; a caller that reads 0 (exclusive())
-  // sees every join complete.
-  std::atomic<size_t> unjoined_ = 0;
   // This process registered for membarrier(GLOBAL_EXPEDITED): arm() issues
   // one (SegmentHead::sleepBarrier).
   bool sleepBarrier_ = false;
-  // And so does every local peer joined so far (only those are published
-  // to or read): publishFence() is the compiler's only.
+  // And so does every local peer: publishFence() is the compiler's only.
   bool lightPublish_ = false;
 };
 
