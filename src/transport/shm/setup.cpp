@@ -3,6 +3,7 @@
 // this rank's own segment is made in segment.cpp.
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sys/epoll.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -131,6 +132,7 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
     paths[idx(rank)] = fmt::format("/proc/{}/fd/{}", p.pid, storeNumber(fields[2], INT32_MAX, key));
     p.address = fmt::format("pid {} on this host", p.pid);
     p.pidfd = net::Fd(pidfdOpen(p.pid));
+    watchExit(rank, p);
   }
   // Every peer's segment in rank order, each waited for in turn. Until it
   // exists: one open per pause, the pause growing to 5 ms (a host of
@@ -188,6 +190,20 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
           : "publishing with a fence (RDMACC_SHM_MEMBARRIER=0, or membarrier(GLOBAL_EXPEDITED) not "
             "available, on some local rank)");
   closeIfMapped();
+}
+
+// Adds rank's pidfd to exits_ (made at the first call). Without either the
+// peer's exit is looked for on its own (processExited).
+void ShmTransport::watchExit(int rank, Peer& p) {
+  if (!p.pidfd) return;
+  if (!exits_) {
+    exits_ = net::Fd(::epoll_create1(EPOLL_CLOEXEC));
+    if (!exits_) return;
+  }
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u32 = static_cast<uint32_t>(rank);
+  p.watched = ::epoll_ctl(exits_.get(), EPOLL_CTL_ADD, p.pidfd.get(), &event) == 0;
 }
 
 // Checks rank's mapped segment against what this rank expects, wires its

@@ -4,10 +4,12 @@
 #include <linux/membarrier.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -190,13 +192,30 @@ bool ShmTransport::poll(TransportSink& sink) {
 }
 
 // A peer is gone when its transport went away (its flag) or its process
-// exited (its pidfd is readable; without pidfds, kill(pid, 0)).
+// exited (its pidfd is readable: exits_ names those; without pidfds,
+// kill(pid, 0)).
 std::vector<int> ShmTransport::takeDisconnected() {
+  if (exits_) {
+    std::array<epoll_event, 16> events{};
+    int n = 0;
+    while ((n = ::epoll_wait(exits_.get(), events.data(), static_cast<int>(events.size()), 0)) >
+           0) {
+      for (int i = 0; i < n; ++i) {
+        const uint32_t rank = events[static_cast<size_t>(i)].data.u32;
+        if (rank >= static_cast<uint32_t>(size_) || !peers_[rank].watched) continue;
+        Peer& p = peers_[rank];
+        ::epoll_ctl(exits_.get(), EPOLL_CTL_DEL, p.pidfd.get(), nullptr);
+        p.watched = false;
+        p.exited = true;
+      }
+      if (n < static_cast<int>(events.size())) break;
+    }
+  }
   std::vector<int> gone;
   for (int rank = 0; rank < size_; ++rank) {
     Peer& p = peers_[rank];
     if (!p.carried || p.reported) continue;
-    const bool exited = processExited(p);
+    const bool exited = p.exited || (!p.watched && processExited(p));
     if (exited || p.head->departed.load() != 0) {
       p.reported = true;
       p.how = exited ? Departure{p.pidfd ? "poll(pidfd)" : "kill(pid, 0)",

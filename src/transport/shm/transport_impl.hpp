@@ -154,6 +154,7 @@ struct Peer {
   bool carried = false;
   int pid = -1;
   net::Fd pidfd;
+  bool watched = false;    // its pidfd is in ShmTransport::exits_
   std::string address;     // "pid N on this host", for errors
   std::string waitingFor;  // what its segment lacked at the last look (for the timeout)
   Mapping mapping;         // the peer's segment
@@ -173,6 +174,7 @@ struct Peer {
   uint64_t inHead = 0;
   sockaddr_un doorbell{};
   socklen_t doorbellLength = 0;
+  bool exited = false;    // exits_ said its process exited
   bool reported = false;  // its departure was reported
   Departure how;          // and how it showed
   SlotWindow window;
@@ -263,6 +265,7 @@ class ShmTransport final : public Transport, public Board {
   void create(const std::string& name, std::shared_ptr<net::Fd> file);
   void attach(Store& store, const TransportOptions& options);
   bool tryMapPeerSegment(int rank, Peer& p, const std::string& path);
+  void watchExit(int rank, Peer& p);
   void joinPeer(int rank, Peer& p, const std::string& name, size_t theirLane, size_t ourLane);
   // Closes our segment's descriptor once every local peer mapped it.
   void closeIfMapped();
@@ -315,6 +318,10 @@ class ShmTransport final : public Transport, public Board {
     }
   };
   BoundPath doorbellPath_;
+  // An epoll set of the local peers' pidfds: one epoll_wait tells which
+  // exited, where a look at each would cost a syscall per peer every
+  // connection check (takeDisconnected) on every rank of the host.
+  net::Fd exits_;
   net::Fd doorbell_;  // bound (after doorbellPath_: closed first): peers wake us through it
   net::Fd bell_;      // unbound: we wake peers through it
   ByRank<Peer> peers_;
