@@ -66,7 +66,8 @@ ShmTransport::ShmTransport(Store& store, const TransportOptions& options,
       peers_(options.size),
       singleCopy_(options.shmSingleCopy),
       membarrier_(options.shmMembarrier),
-      lazySlots_(options.lazy) {
+      lazySlots_(options.lazy),
+      connectTimeout_(options.connectTimeout) {
   for (int rank = 0; rank < size_; ++rank) {
     peers_[rank].carried = rank != rank_ && carried[idx(rank)];
     if (peers_[rank].carried) ++geometry_.lanes;
@@ -82,6 +83,11 @@ ShmTransport::ShmTransport(Store& store, const TransportOptions& options,
         static_cast<uint32_t>(roundUp(kBoardEntryHead + options.shmOneShotBytes, 64));
     oneShotBytes_ = options.shmOneShotBytes;
   }
+  // A board's first small collective reads every peer's segment anyway:
+  // mapping them then would only move the joins out of formation (where
+  // they overlap the other processes' start) into one collective that all
+  // ranks wait in. So only a group without a board maps at first contact.
+  lazyJoin_ = options.lazy && geometry_.boardEntries == 0;
   create(options.shmSegment, options.shmSegmentFile);
   attach(store, options);
 }
@@ -113,7 +119,6 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
     for (int rank : carried) records.push_back(toBytes(options.shmRecords.at(idx(rank))));
   }
   size_t record = 0;
-  std::vector<std::string> names(static_cast<size_t>(size_)), paths(static_cast<size_t>(size_));
   for (int rank = 0; rank < size_; ++rank) {
     Peer& p = peers_[rank];
     if (!p.carried) continue;
@@ -127,45 +132,37 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
                                  text.substr(0, 100)),
           .peerRank = rank});
     }
-    names[idx(rank)] = fields[0];
+    p.segment = fields[0];
     p.pid = static_cast<int>(storeNumber(fields[1], INT32_MAX, key));
-    paths[idx(rank)] = fmt::format("/proc/{}/fd/{}", p.pid, storeNumber(fields[2], INT32_MAX, key));
+    p.path = fmt::format("/proc/{}/fd/{}", p.pid, storeNumber(fields[2], INT32_MAX, key));
     p.address = fmt::format("pid {} on this host", p.pid);
     p.pidfd = net::Fd(pidfdOpen(p.pid));
     watchExit(rank, p);
+    p.outLane = laneIn(rank, rank_);
+    p.inLane = laneIn(rank_, rank);
+    // Its lane in our segment: what it sends is read from the start.
+    uint8_t* ours = mine_.get() + geometry_.ringOffset(p.inLane);
+    p.in = reinterpret_cast<RingHead*>(ours);
+    p.inRecords = reinterpret_cast<Record*>(ours + sizeof(RingHead));
+    p.inSlots = mine_.get() + geometry_.slotsOffset(p.inLane);
+    p.doorbell = doorbellAddress(p.segment, p.doorbellLength);
+    p.window = SlotWindow(static_cast<int>(geometry_.slots));
   }
-  // Every peer's segment in rank order, each waited for in turn. Until it
-  // exists: one open per pause, the pause growing to 5 ms (a host of
-  // hundreds of ranks on a few CPUs must not spend them polling); once it
-  // is mapped, asleep on its `built` word until the owner wakes us. Whether
-  // the owner still lives is asked every 100 ms.
+  lightPublish_ = sleepBarrier_;
+  if (lazyJoin_) {
+    log(LogLevel::Debug, "shared memory: a local peer's segment is mapped at first contact");
+    return;
+  }
+  // Eager: every peer's segment in rank order, each waited for in turn.
+  // Until it exists: one open per pause, the pause growing to 5 ms (a host
+  // of hundreds of ranks on a few CPUs must not spend them polling); once
+  // it is mapped, asleep on its `built` word until the owner wakes us.
   const auto deadline = deadlineAfter(options.connectTimeout);
   for (int rank : carried) {
     Peer& p = peers_[rank];
+    p.joinBy = deadline;
     auto pause = std::chrono::microseconds(50);
-    auto nextExitCheck = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-    while (!tryMapPeerSegment(rank, p, paths[idx(rank)])) {
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= nextExitCheck) {
-        nextExitCheck = now + std::chrono::milliseconds(100);
-        if (processExited(p)) {
-          throw Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
-                                .message = fmt::format("rank {} (pid {}) exited before its "
-                                                       "shared-memory segment {} was ready",
-                                                       rank, p.pid, names[idx(rank)]),
-                                .peerRank = rank});
-        }
-      }
-      if (now >= deadline) {
-        throw Error(
-            ErrorInfo{.kind = ErrorKind::Timeout,
-                      .message = fmt::format(
-                          "rank {}'s shared-memory segment {} ({}) was not ready within {} ms{}",
-                          rank, names[idx(rank)], paths[idx(rank)], options.connectTimeout.count(),
-                          p.waitingFor.empty() ? "" : fmt::format(": it {}", p.waitingFor)),
-                      .peerRank = rank,
-                      .hint = "see that rank's output; RDMACC_CONNECT_TIMEOUT bounds the wait"});
-      }
+    while (!tryJoin(rank, p)) {
       if (p.head != nullptr) {
         futexWait(p.head->built, 0, std::chrono::milliseconds(100));
       } else {
@@ -173,17 +170,11 @@ void ShmTransport::attach(Store& store, const TransportOptions& options) {
         pause = std::min(pause * 2, std::chrono::microseconds(5000));
       }
     }
-    joinPeer(rank, p, names[idx(rank)], laneIn(rank, rank_), laneIn(rank_, rank));
   }
   // Hellos that came while we waited: the first operations may already
   // write single-copy (the rest are read by the engine's polls).
   sendOwedHellos();
   drainDoorbell();
-  lightPublish_ = sleepBarrier_;
-  for (int rank = 0; rank < size_; ++rank) {
-    const Peer& p = peers_[rank];
-    if (p.carried) lightPublish_ = lightPublish_ && p.head->sleepBarrier == 1;
-  }
   log(LogLevel::Debug, "shared memory: {}",
       lightPublish_
           ? "publishing without a fence (every local rank issues membarrier before it sleeps)"
@@ -206,11 +197,43 @@ void ShmTransport::watchExit(int rank, Peer& p) {
   p.watched = ::epoll_ctl(exits_.get(), EPOLL_CTL_ADD, p.pidfd.get(), &event) == 0;
 }
 
+bool ShmTransport::tryJoin(int rank, Peer& p) {
+  if (p.joined) return true;
+  const auto now = std::chrono::steady_clock::now();
+  if (p.joinBy == std::chrono::steady_clock::time_point{})
+    p.joinBy = deadlineAfter(connectTimeout_);
+  if (tryMapPeerSegment(rank, p, p.path)) {
+    joinPeer(rank, p);
+    return true;
+  }
+  // Whether the owner still lives is asked every 100 ms.
+  if (now >= p.exitCheck) {
+    p.exitCheck = now + std::chrono::milliseconds(100);
+    if (processExited(p)) {
+      throw Error(ErrorInfo{.kind = ErrorKind::PeerFailure,
+                            .message = fmt::format("rank {} (pid {}) exited before its "
+                                                   "shared-memory segment {} was ready",
+                                                   rank, p.pid, p.segment),
+                            .peerRank = rank});
+    }
+  }
+  if (now >= p.joinBy) {
+    throw Error(ErrorInfo{
+        .kind = ErrorKind::Timeout,
+        .message =
+            fmt::format("rank {}'s shared-memory segment {} ({}) was not ready within {} ms{}",
+                        rank, p.segment, p.path, connectTimeout_.count(),
+                        p.waitingFor.empty() ? "" : fmt::format(": it {}", p.waitingFor)),
+        .peerRank = rank,
+        .hint = "see that rank's output; RDMACC_CONNECT_TIMEOUT bounds the wait"});
+  }
+  return false;
+}
+
 // Checks rank's mapped segment against what this rank expects, wires its
 // lanes to ours, and tells its owner (and wakes it, if it sleeps) that this
 // rank has mapped it.
-void ShmTransport::joinPeer(int rank, Peer& p, const std::string& name, size_t theirLane,
-                            size_t ourLane) {
+void ShmTransport::joinPeer(int rank, Peer& p) {
   const size_t bytes = geometry_.totalBytes();
   if (p.head->version != kVersion || p.head->lanes != geometry_.lanes ||
       p.head->slots != geometry_.slots || p.head->ringEntries != geometry_.ringEntries ||
@@ -231,20 +254,22 @@ void ShmTransport::joinPeer(int rank, Peer& p, const std::string& name, size_t t
   }
   if (p.mappedBytes < bytes) {
     throw Error(ErrorKind::Protocol, fmt::format("rank {}'s segment {} has {} bytes, not {}", rank,
-                                                 name, p.mappedBytes, bytes));
+                                                 p.segment, p.mappedBytes, bytes));
   }
   p.board = p.mapping.get() + geometry_.boardOffset();
-  uint8_t* theirs = p.mapping.get() + geometry_.ringOffset(theirLane);
+  uint8_t* theirs = p.mapping.get() + geometry_.ringOffset(p.outLane);
   p.out = reinterpret_cast<RingHead*>(theirs);
   p.outRecords = reinterpret_cast<Record*>(theirs + sizeof(RingHead));
-  p.outSlots = p.mapping.get() + geometry_.slotsOffset(theirLane);
+  p.outSlots = p.mapping.get() + geometry_.slotsOffset(p.outLane);
   p.slotsReserved = p.head->slotsReserved != 0;
-  uint8_t* ours = mine_.get() + geometry_.ringOffset(ourLane);
-  p.in = reinterpret_cast<RingHead*>(ours);
-  p.inRecords = reinterpret_cast<Record*>(ours + sizeof(RingHead));
-  p.inSlots = mine_.get() + geometry_.slotsOffset(ourLane);
-  p.doorbell = doorbellAddress(name, p.doorbellLength);
-  p.window = SlotWindow(static_cast<int>(geometry_.slots));
+  p.joined = true;
+  if (lightPublish_ && p.head->sleepBarrier != 1) {
+    lightPublish_ = false;
+    log(LogLevel::Debug,
+        "shared memory: publishing with a fence from now on (rank {} issues no "
+        "membarrier before it sleeps: RDMACC_SHM_MEMBARRIER=0 or not available)",
+        rank);
+  }
   p.singleCopy = singleCopy_ && probeSingleCopy(rank, p);
   unverified_ += p.singleCopy ? 1 : 0;
   sendHello(p);

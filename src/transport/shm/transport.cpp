@@ -85,6 +85,7 @@ bool ShmTransport::trySend(int to, const Header& header, const uint8_t* data,
                            const std::shared_ptr<ZeroCopyWrites>&,
                            std::optional<DirectTarget> direct) {
   Peer& p = peers_[to];
+  if (!tryJoin(to, p)) return false;  // its segment is not built yet: tried again
   if (!p.window.canSend(creditReserve_) || ringSpace(to, p) == 0) return false;
   if (!p.slotsReserved) reserveSlots(to, p);
   const int remote = p.window.nextRemote();
@@ -107,6 +108,10 @@ bool ShmTransport::trySend(int to, const Header& header, const uint8_t* data,
 
 std::string ShmTransport::describePeer(int to) const {
   const Peer& p = peers_[to];
+  if (!p.joined) {
+    return fmt::format("shared memory: {}, its segment not mapped yet{}", p.window.describe(),
+                       p.waitingFor.empty() ? "" : fmt::format(" (it {})", p.waitingFor));
+  }
   return fmt::format(
       "shared memory: {}, ring {} of {} entries used by us, {} of {} by it, single-copy writes "
       "{}",
@@ -124,6 +129,7 @@ void ShmTransport::release(int from, int slot) {
 
 bool ShmTransport::flushCredits(int to) {
   Peer& p = peers_[to];
+  if (!tryJoin(to, p)) return false;
   bool any = false;
   while (p.window.owesCredits() && ringSpace(to, p) > 0) {
     publish(p, Record{p.window.takeCreditMessage(), 0});
@@ -216,7 +222,7 @@ std::vector<int> ShmTransport::takeDisconnected() {
     Peer& p = peers_[rank];
     if (!p.carried || p.reported) continue;
     const bool exited = p.exited || (!p.watched && processExited(p));
-    if (exited || p.head->departed.load() != 0) {
+    if (exited || (p.joined && p.head->departed.load() != 0)) {
       p.reported = true;
       p.how = exited ? Departure{p.pidfd ? "poll(pidfd)" : "kill(pid, 0)",
                                  fmt::format("process {} exited", p.pid)}

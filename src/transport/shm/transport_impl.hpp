@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -157,7 +158,16 @@ struct Peer {
   bool watched = false;    // its pidfd is in ShmTransport::exits_
   std::string address;     // "pid N on this host", for errors
   std::string waitingFor;  // what its segment lacked at the last look (for the timeout)
-  Mapping mapping;         // the peer's segment
+  std::string segment;     // its segment's name, from its record
+  std::string path;        // where it is opened: /proc/PID/fd/FD
+  size_t outLane = 0;      // this rank's lane in the peer's segment
+  size_t inLane = 0;       // the peer's lane in ours
+  // Its segment is mapped and checked, and ours is wired to it (joinPeer):
+  // at formation in eager groups, at first contact in lazy ones.
+  bool joined = false;
+  std::chrono::steady_clock::time_point joinBy{};     // set at the first attempt
+  std::chrono::steady_clock::time_point exitCheck{};  // next look at its process
+  Mapping mapping;                                    // the peer's segment
   size_t mappedBytes = 0;
   SegmentHead* head = nullptr;
   // This rank's lane in the peer's segment (we produce), and the peer's lane
@@ -265,8 +275,11 @@ class ShmTransport final : public Transport, public Board {
   void create(const std::string& name, std::shared_ptr<net::Fd> file);
   void attach(Store& store, const TransportOptions& options);
   bool tryMapPeerSegment(int rank, Peer& p, const std::string& path);
+  // One attempt at mapping and joining rank's segment, true once joined;
+  // throws when its process exited or it was not ready by p.joinBy.
+  bool tryJoin(int rank, Peer& p);
   void watchExit(int rank, Peer& p);
-  void joinPeer(int rank, Peer& p, const std::string& name, size_t theirLane, size_t ourLane);
+  void joinPeer(int rank, Peer& p);
   // Closes our segment's descriptor once every local peer mapped it.
   void closeIfMapped();
   // Free ring entries in peer's lane; throws when the peer corrupted its head.
@@ -334,10 +347,15 @@ class ShmTransport final : public Transport, public Board {
   bool membarrier_;          // RDMACC_SHM_MEMBARRIER
   // TransportOptions::lazy, where the kernel can populate pages (create()).
   bool lazySlots_;
+  // TransportOptions::lazy and no board: a peer's segment is mapped at
+  // first contact (ShmTransport's constructor says why not with a board).
+  bool lazyJoin_ = false;
+  std::chrono::milliseconds connectTimeout_;
   // This process registered for membarrier(GLOBAL_EXPEDITED): arm() issues
   // one (SegmentHead::sleepBarrier).
   bool sleepBarrier_ = false;
-  // And so does every local peer: publishFence() is the compiler's only.
+  // And so does every local peer joined so far (only those are published
+  // to or read): publishFence() is the compiler's only.
   bool lightPublish_ = false;
 };
 

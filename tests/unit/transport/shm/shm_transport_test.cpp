@@ -56,6 +56,18 @@ size_t ourSegments() {
   return n;
 }
 
+// The error for rank 1, whose segment never appeared: with its process
+// `pid` alive, the segment is named; gone, its exit.
+void expectNamesRankOne(const Error& e, int pid) {
+  const std::string what = e.what();
+  EXPECT_NE(what.find(pid == ::getpid() ? "rank 1's shared-memory segment /rdmacc-"
+                                        : "rank 1 (pid 1073741823) exited before its "
+                                          "shared-memory segment"),
+            std::string::npos)
+      << what;
+  EXPECT_EQ(e.info().peerRank, 1) << what;
+}
+
 // Rank 1 announced itself on this host, and the segment its record names
 // never appears: rank 0's setup fails naming rank 1 (within the connect
 // timeout while rank 1's process lives, at once when it has exited), and
@@ -81,13 +93,7 @@ TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
                                                             {"RDMACC_STORE_TIMEOUT", "500ms"}}});
       FAIL() << "a group formed without rank 1";
     } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(pid == ::getpid() ? "rank 1's shared-memory segment /rdmacc-"
-                                            : "rank 1 (pid 1073741823) exited before its "
-                                              "shared-memory segment"),
-                std::string::npos)
-          << what;
-      EXPECT_EQ(e.info().peerRank, 1) << what;
+      expectNamesRankOne(e, pid);
     }
     EXPECT_EQ(ourSegments(), before);
   }
@@ -188,6 +194,42 @@ size_t allocatedBytes(const net::Fd& file) {
   return static_cast<size_t>(st.st_blocks) * 512;
 }
 
+// Three ranks of one group as threads of this process; rank 0's segment
+// file is `file`. Without a one-shot board unless `board` (as in a group
+// that also has RDMA peers): a lazy group's peers then map each other's
+// segments at first contact.
+std::vector<std::unique_ptr<Transport>> formThree(Store& store, const std::string& group, bool lazy,
+                                                  std::shared_ptr<net::Fd> file,
+                                                  bool board = false) {
+  std::vector<std::unique_ptr<Transport>> ranks(3);
+  std::vector<std::jthread> forming;
+  for (int r = 0; r < 3; ++r) {
+    forming.emplace_back([&, r] {
+      TransportOptions o;
+      o.group = group;
+      o.rank = r;
+      o.size = 3;
+      o.lazy = lazy;
+      o.connectTimeout = 10'000ms;
+      o.slotBytes = 64 * 1024;
+      if (!board) o.shmOneShotBytes = 0;
+      if (r == 0) o.shmSegmentFile = file;
+      ranks[static_cast<size_t>(r)] = makeShmTransport(store, o, {true, true, true});
+    });
+  }
+  forming.clear();
+  return ranks;
+}
+
+bool sendOne(Transport& from, int to) {
+  wire::Header h;
+  h.kind = wire::MessageKind::PointToPoint;
+  const uint64_t payload = 42;
+  h.payload = sizeof payload;
+  h.check = sizeof payload;
+  return from.trySend(to, h, reinterpret_cast<const uint8_t*>(&payload), nullptr, std::nullopt);
+}
+
 // Three ranks of a lazy group (as threads). Rank 0's segment holds a lane of
 // slots for each of its two peers: at formation none has memory behind it
 // (only the head, the rings and the board do); rank 1's first message gives
@@ -198,24 +240,7 @@ TEST(ShmTransport, ASendersSlotsGetTheirMemoryAtItsFirstSend) {
     SCOPED_TRACE(lazy ? "lazy" : "eager");
     HashStore store(10s);
     auto file = std::make_shared<net::Fd>(createSegmentFile(newSegmentName()));
-    const std::string group = lazy ? "slots-lazy" : "slots-eager";
-    std::vector<std::unique_ptr<Transport>> ranks(3);
-    {
-      std::vector<std::jthread> forming;
-      for (int r = 0; r < 3; ++r) {
-        forming.emplace_back([&, r] {
-          TransportOptions o;
-          o.group = group;
-          o.rank = r;
-          o.size = 3;
-          o.lazy = lazy;
-          o.connectTimeout = 10'000ms;
-          o.slotBytes = 64 * 1024;
-          if (r == 0) o.shmSegmentFile = file;
-          ranks[static_cast<size_t>(r)] = makeShmTransport(store, o, {true, true, true});
-        });
-      }
-    }
+    auto ranks = formThree(store, lazy ? "slots-lazy" : "slots-eager", lazy, file);
     ASSERT_TRUE(ranks[0] && ranks[1] && ranks[2]);
     struct stat st {};
     ASSERT_EQ(::fstat(file->get(), &st), 0);
@@ -227,17 +252,75 @@ TEST(ShmTransport, ASendersSlotsGetTheirMemoryAtItsFirstSend) {
       continue;
     }
     EXPECT_LT(formed, laneSlots) << "of a segment of " << segment << " bytes";
-
-    wire::Header h;
-    h.kind = wire::MessageKind::PointToPoint;
-    const uint64_t payload = 42;
-    h.payload = sizeof payload;
-    h.check = sizeof payload;
-    ASSERT_TRUE(
-        ranks[1]->trySend(0, h, reinterpret_cast<const uint8_t*>(&payload), nullptr, std::nullopt));
+    ASSERT_TRUE(sendOne(*ranks[1], 0));
     const size_t sent = allocatedBytes(*file);
     EXPECT_GE(sent, formed + laneSlots);  // rank 1's lane, whole
     EXPECT_LT(sent, formed + 2 * laneSlots) << "rank 2's lane has memory too";
+  }
+}
+
+// A lazy group without a board maps a local peer's segment at first
+// contact: rank 0's segment counts the peers that mapped it
+// (SegmentHead::mappedBy), none at formation, rank 1 after its first
+// message, never rank 2, which sent nothing. An eager group's peers, and a
+// lazy group's with a one-shot board (whose first collective reads every
+// peer), all map it while forming.
+TEST(ShmTransport, ALazyGroupMapsAPeersSegmentAtFirstContact) {
+  struct Case {
+    const char* name;
+    bool lazy;
+    bool board;
+  };
+  for (const Case& c :
+       {Case{"lazy", true, false}, Case{"eager", false, false}, Case{"lazy-board", true, true}}) {
+    SCOPED_TRACE(c.name);
+    HashStore store(10s);
+    auto file = std::make_shared<net::Fd>(createSegmentFile(newSegmentName()));
+    auto ranks = formThree(store, fmt::format("map-{}", c.name), c.lazy, file, c.board);
+    ASSERT_TRUE(ranks[0] && ranks[1] && ranks[2]);
+    void* at = ::mmap(nullptr, sizeof(shm::SegmentHead), PROT_READ, MAP_SHARED, file->get(), 0);
+    ASSERT_NE(at, MAP_FAILED);
+    const auto* head = static_cast<const shm::SegmentHead*>(at);
+    if (!c.lazy || c.board) {
+      EXPECT_EQ(head->mappedBy.load(), 2u);
+    } else {
+      EXPECT_EQ(head->mappedBy.load(), 0u) << "formation mapped rank 0's segment";
+      ASSERT_TRUE(sendOne(*ranks[1], 0));
+      EXPECT_EQ(head->mappedBy.load(), 1u);
+      // Rank 0 answers rank 1 and reads what it sent: rank 2 still never mapped it.
+      ASSERT_TRUE(sendOne(*ranks[0], 1));
+      EXPECT_EQ(head->mappedBy.load(), 1u);
+    }
+    ::munmap(at, sizeof(shm::SegmentHead));
+  }
+}
+
+// A lazy group forms without its local peers' segments; the first message to
+// a peer whose process is gone fails naming it, and to one whose segment
+// never appears, within the connect timeout.
+TEST(ShmTransport, ALazyFirstContactWithAPeerGoneOrNeverReadyIsNamed) {
+  for (const int pid : {::getpid(), 0x3fffffff}) {  // alive; no such process
+    SCOPED_TRACE(pid);
+    HashStore store(2s);
+    TransportOptions o;
+    o.group = fmt::format("lazy-gone{}", pid);
+    o.rank = 0;
+    o.size = 2;
+    o.lazy = true;
+    o.shmOneShotBytes = 0;  // no board: mapped at first contact
+    o.connectTimeout = 300ms;
+    o.shmRecords = {"", fmt::format("/rdmacc-{}-00000000deadbeef:{}:999", ::getpid(), pid)};
+    auto t = makeShmTransport(store, o, {true, true});
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      while (!sendOne(*t, 1)) {
+        ASSERT_LT(std::chrono::steady_clock::now() - start, 5s) << "no error";
+        std::this_thread::sleep_for(10ms);
+      }
+      FAIL() << "a message went to a peer that is not there";
+    } catch (const Error& e) {
+      expectNamesRankOne(e, pid);
+    }
   }
 }
 
