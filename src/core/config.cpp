@@ -51,7 +51,7 @@ constexpr std::array kOptions = {
     "ports (NICs) each rank stripes its RDMA peers' traffic over: collective chunks round-robin over one set of queue pairs per port, point-to-point on the first; "
     "local rank r takes usable ports r, r+1, ... (RDMACC_IB_HCA lists them); every rank of a group must use the same number", 1, 4},
   OptionSpec{"RDMACC_CONNECT", String, "auto", "",
-    "when RDMA connections are made, and local peers' shared-memory segments are mapped and get memory: lazy (to a peer when an operation first sends to it; formation exchanges only addresses), "
+    "when RDMA connections are made, and local peers' shared-memory slots get memory (and, in groups without a one-shot board, their segments are mapped): lazy (to a peer when an operation first sends to it; formation exchanges only addresses), "
     "eager (to every peer at formation; the RDMA one-shot board needs it), auto (eager for groups of up to 8 ranks, lazy above); the same on every rank", 0, 0},
   OptionSpec{"RDMACC_QPS_PER_PEER", Int, "1", "",
     "reliable-connected queue pairs per peer; collective chunks are striped over them (point-to-point "
