@@ -12,6 +12,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -145,8 +146,14 @@ struct Engine::Impl final : TransportSink, Steppable {
   // for are probed; a path that no longer carries packets fails through
   // the transport (the peer and the completion status named).
   void probeAwaitedPeers(Clock::time_point now);
-  // Fails everything pending; later submissions fail at once.
-  void breakGroup(const Error& error, bool tellPeers = true);
+  // Fails everything pending; later submissions fail at once. Every peer
+  // is told, with the rank at the root of the failure: `passOn` (a peer's
+  // report this rank received) or this rank's own error.
+  struct Report {
+    std::string_view text;
+    int root = -1;
+  };
+  void breakGroup(const Error& error, std::optional<Report> passOn = std::nullopt);
   void failAll(const Error& error);
 
   // --------------------------------------------------------------- loop --

@@ -45,12 +45,18 @@ void Engine::Impl::onAbort(int peer, const Incoming& in) {
   std::string text(reinterpret_cast<const char*>(transport->payload(peer, in.slot)),
                    in.header.payload);
   transport->release(peer, in.slot);
-  // The root cause as the reporting rank saw it (a rank it lost), or the
-  // reporting rank itself.
-  const uint64_t root = in.header.check;
-  const bool relayed =
-      root > 0 && root <= static_cast<uint64_t>(size) && root - 1 != static_cast<uint64_t>(rank);
-  const int cause = relayed ? static_cast<int>(root - 1) : peer;
+  // The root cause as the reporting rank saw it (a rank it lost, maybe this
+  // one), or the reporting rank itself.
+  const uint64_t check = in.header.check;
+  const int root =
+      check > 0 && check <= static_cast<uint64_t>(size) ? static_cast<int>(check - 1) : peer;
+  const bool relayed = root != peer && root != rank;
+  const int cause = relayed ? root : peer;
+  // Passed on as it came (not nested in this rank's words), with the same
+  // root: in a lazy group the reporting rank talks only to the peers it
+  // connected to, so the report travels along the connections, and a rank
+  // that waits for a rank that waits for the failed one learns it now
+  // rather than at its timeout.
   breakGroup(Error(ErrorInfo{
                  .kind = ErrorKind::PeerFailure,
                  .message = relayed ? fmt::format("rank {} reported a failure of rank {}: {}", peer,
@@ -58,7 +64,7 @@ void Engine::Impl::onAbort(int peer, const Incoming& in) {
                                     : fmt::format("rank {} reported a failure: {}", peer, text),
                  .peerRank = cause,
                  .peerAddress = transport->peerAddress(cause)}),
-             /*tellPeers=*/false);
+             Report{.text = text, .root = root});
 }
 
 // A departed peer fails the operations that still need it (and so the
@@ -263,7 +269,7 @@ void Engine::Impl::probeAwaitedPeers(Clock::time_point now) {
 }
 
 // Fails everything pending; later submissions fail at once.
-void Engine::Impl::breakGroup(const Error& error, bool tellPeers) {
+void Engine::Impl::breakGroup(const Error& error, std::optional<Report> passOn) {
   if (broken) return;
   broken = error;
   bool pending = !collectives.empty() || !pointToPoint.empty();
@@ -274,21 +280,20 @@ void Engine::Impl::breakGroup(const Error& error, bool tellPeers) {
     brokenShared = true;
     brokenCopy = error;
   }
-  if (tellPeers) {
-    // The rank at the root of the failure travels with it (check = root +
-    // 1; 0: this rank itself), so every survivor names the same rank.
-    std::string text = std::string(error.what()).substr(0, chunk);
-    const int root = error.info().peerRank;
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank || dead[peer]) continue;
-      wire::Header h{
-          .kind = wire::MessageKind::Abort,
-          .payload = static_cast<uint32_t>(text.size()),
-          .check = root >= 0 && root < size && root != peer ? static_cast<uint64_t>(root) + 1 : 0};
-      try {
-        transport->trySend(peer, h, reinterpret_cast<const uint8_t*>(text.data()));
-      } catch (const Error&) {  // best effort: the peer may be the one that failed
-      }
+  // The rank at the root of the failure travels with it (check = root + 1,
+  // also to that rank; 0: this rank itself), so every survivor names the
+  // same rank. A rank breaks once, so each tells each peer at most once.
+  std::string text(passOn ? passOn->text : std::string_view(error.what()));
+  text.resize(std::min(text.size(), chunk));
+  const int root = passOn ? passOn->root : error.info().peerRank;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank || dead[peer]) continue;
+    wire::Header h{.kind = wire::MessageKind::Abort,
+                   .payload = static_cast<uint32_t>(text.size()),
+                   .check = root >= 0 && root < size ? static_cast<uint64_t>(root) + 1 : 0};
+    try {
+      transport->trySend(peer, h, reinterpret_cast<const uint8_t*>(text.data()));
+    } catch (const Error&) {  // best effort: the peer may be the one that failed
     }
   }
   failAll(error);

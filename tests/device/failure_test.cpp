@@ -110,6 +110,40 @@ TEST(Failure, DeathIsPassedOnToRanksThatDoNotTalkToTheDeadRank) {
   EXPECT_LT(took, 5s) << "rank " << rank << " waited for its timeout: " << error;
 }
 
+// The report travels along the connections: ranks 1..n-1 wait in a chain
+// (rank r for rank r - 1) after one message down the chain connected each
+// pair, and rank 0 dies. Connecting on first use, rank 1 (which sees the
+// death) is connected only to its neighbours, so the ranks further down
+// learn it from the rank before them, and every one names rank 0 long
+// before its timeout instead of blaming the rank it waits for.
+TEST(Failure, DeathIsPassedOnAlongAChainOfConnections) {
+  constexpr auto kTimeout = 30s;
+  auto backend = test::groupFromEnvironment(
+      "chain", {{"RDMACC_SLOT_BYTES", "4096"},
+                {"RDMACC_SLOTS_PER_PEER", "4"},
+                {"RDMACC_TIMEOUT", fmt::format("{}s", kTimeout.count())},
+                {"RDMACC_CONNECT", "lazy"},
+                {"RDMACC_SHM_ONE_SHOT_BYTES", "0"}});  // no board: local peers map lazily too
+  const int rank = backend->getRank(), size = backend->getSize();
+  ASSERT_GE(size, 4);
+  std::vector<float> data(16, 1.0f);
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
+  // No barrier: it would connect each rank to log2(size) others.
+  if (rank > 0) backend->recv(t, rank - 1, 1)->wait();
+  if (rank + 1 < size) backend->send(t, rank + 1, 1)->wait();
+  if (rank == 0) {
+    std::this_thread::sleep_for(300ms);
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  auto start = Clock::now();
+  auto [error, took] = outcome(backend->recv(t, rank - 1, 2), start);
+  fmt::print("rank {} learned after {} ms: {}\n", rank,
+             std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), error);
+  EXPECT_NE(error.find("rank 0"), std::string::npos) << error;
+  EXPECT_LT(took, kTimeout / 3) << "rank " << rank << " waited for its timeout: " << error;
+}
+
 // A rank that sent and then left (its collectives and sends complete, it
 // destroys its backend and exits, as a rank does that finishes first) has
 // delivered: the others take its messages after it is gone, as over TCP.
