@@ -276,6 +276,7 @@ void VerbsBackend::Impl::startEngine(const Options& options, const Placement& pl
           .rank = rank,
           .size = size,
           .collectivesInFlight = static_cast<size_t>(config.getInt("RDMACC_COLLECTIVES_IN_FLIGHT")),
+          .unexpectedBytes = static_cast<size_t>(config.getInt("RDMACC_UNEXPECTED_BYTES")),
           .spin = spins.spin,
           .spinLatencyBound = spins.latencyBound,
           .spinWaitLatencyBound = spins.waitLatencyBound,

@@ -101,6 +101,9 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_COLLECTIVES_IN_FLIGHT", Int, "8", "",
     "collectives the engine runs at once when the caller issues them without waiting: a later one starts "
     "while earlier ones run if none of them has packing copies and their buffers do not overlap; 1: one at a time", 1, 64},
+  OptionSpec{"RDMACC_UNEXPECTED_BYTES", Int, "67108864", "bytes",
+    "what a group copies out of its slots, all peers together, for messages no started operation takes (a receive posted after its send, tags received out of order, a collective this rank has not reached), once they hold half of a peer's slots while this rank waits for that peer: the slots go back and the peer can send what this rank waits for; "
+    "beyond it such messages keep their slots and the peer waits (a receive order that needs more fails at its timeout); 0: never copy", 0, int64_t{1} << 40},
   OptionSpec{"RDMACC_SPIN_US", String, "auto", "us",
     "how long the progress thread, or a caller in wait(), busy-polls without progress before it "
     "sleeps on the completion channel (0 to 10000000); auto: 50, and 1000 while the oldest operation is "

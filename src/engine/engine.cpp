@@ -26,6 +26,7 @@ bool Engine::Impl::takeIntake() {
   }
   if (abortReason) breakGroup(Error(ErrorKind::Aborted, *abortReason));
   const bool any = !ops.empty();
+  operationChanges += ops.size();
   for (auto& op : ops) {
     std::unique_ptr<Active> a = pool.take(std::move(op));
     if (a->op->pointToPoint) {
@@ -82,9 +83,17 @@ bool Engine::Impl::advance() {
     a.op->work->finish(nullptr);
     pool.give(std::move(collectives.front()));
     collectives.pop_front();
+    ++operationChanges;
     progress = true;
   }
-  if (!broken) progress |= executor.advancePointToPoint(pointToPoint, pool);
+  if (!broken) {
+    const size_t before = pointToPoint.size();
+    progress |= executor.advancePointToPoint(pointToPoint, pool);
+    operationChanges += before - pointToPoint.size();
+  }
+  if (!broken && matching.pressured()) {
+    progress |= matching.park(*this, !pointToPoint.empty(), operationChanges);
+  }
   // Deadlines to the millisecond: the scan of every pending operation is
   // not repeated on every round of a spinning loop.
   if (!broken && now >= nextDeadlineCheck) {

@@ -123,6 +123,9 @@ struct EngineOptions {
   // Collectives run at once (RDMACC_COLLECTIVES_IN_FLIGHT): the oldest, and
   // later ones whose buffers are independent of every earlier one's.
   size_t collectivesInFlight = 8;
+  // What the group may copy out of its slots for messages no started
+  // operation takes (RDMACC_UNEXPECTED_BYTES; Matching::park). 0: none.
+  size_t unexpectedBytes = size_t{64} << 20;
   std::chrono::microseconds spin{50};  // busy-poll this long before sleeping
   // The same while the oldest operation is latency-bound (each of its
   // messages fits one slot): waits are short, a wake-up from sleep costs more.

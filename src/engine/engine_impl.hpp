@@ -35,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 // broken group fails everything pending, and the peers are told). The
 // executor moves the operations, the transport carries their messages, and
 // Progress decides who calls step() and when.
-struct Engine::Impl final : TransportSink, Steppable {
+struct Engine::Impl final : TransportSink, Steppable, Matching::Claims {
   EngineOptions options;
   int rank;
   int size;
@@ -102,9 +102,39 @@ struct Engine::Impl final : TransportSink, Steppable {
         chunk(transport->chunkBytes()),
         dead(size, false),
         gone(size, false),
-        matching(*transport, size),
+        matching(*transport, size, options.unexpectedBytes),
         executor(*transport, matching, options, gone),
         loop(*transport, *this, options) {}
+
+  // ------------------------------------- claims (Matching::park) --
+
+  uint64_t operationChanges = 0;  // operations taken in and finished so far
+
+  bool takes(int peer, const wire::Header& h) const override {
+    if (h.kind == wire::MessageKind::Collective) {
+      return std::any_of(collectives.begin(), collectives.end(), [&](const auto& a) {
+        return a->started && static_cast<uint32_t>(a->op->sequence) == h.sequence;
+      });
+    }
+    if (h.kind == wire::MessageKind::PointToPoint) {
+      return std::any_of(pointToPoint.begin(), pointToPoint.end(), [&](const auto& a) {
+        return receives(*a, peer) && a->op->tag == h.sequence;
+      });
+    }
+    return true;
+  }
+  bool receivesFrom(int peer) const override {
+    return std::any_of(pointToPoint.begin(), pointToPoint.end(),
+                       [&](const auto& a) { return receives(*a, peer); });
+  }
+  bool awaits(int peer) const override {
+    return std::any_of(collectives.begin(), collectives.end(), [&](const auto& a) {
+      return a->started && rdmacc::needs(*a, peer, chunk, matching);
+    });
+  }
+  static bool receives(const Active& a, int peer) {
+    return !a.op->isSend && (a.source < 0 || a.source == peer);
+  }
 
   // ----------------------------------------------------------- arrivals --
 

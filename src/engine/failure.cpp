@@ -183,8 +183,12 @@ Error Engine::Impl::timedOut(const Operation& op, const std::vector<int>& waitin
                                       "nobody (not in a collective)",
                                       fmt::join(stuckOn, ", "))),
       .peerRank = culprits.size() == 1 ? culprits.front() : -1,
-      .hint = "a rank is missing, slower, or called different collectives; raise the op's timeout "
-              "(RDMACC_TIMEOUT) if it is only slow"});
+      .hint = matching.parkFull()
+                  ? "messages no started operation takes filled RDMACC_UNEXPECTED_BYTES, and the "
+                    "peers could send nothing else: receive in the order the peers send, or "
+                    "raise it"
+                  : "a rank is missing, slower, or called different collectives; raise the op's "
+                    "timeout (RDMACC_TIMEOUT) if it is only slow"});
 }
 
 // A peer's Stuck message: kept for the search (ours, or one that starts

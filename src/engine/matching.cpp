@@ -1,5 +1,8 @@
 #include "src/engine/matching.hpp"
 
+#include <algorithm>
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "rdmacc/error.hpp"
@@ -19,15 +22,24 @@ constexpr size_t kMaxAdvertsPerPeer = 4096;
 
 }  // namespace
 
-Matching::Matching(Transport& transport, int size)
-    : transport_(transport), inbox_(size), adverts_(size) {
-  // Bounded by the slots: reserved once, never allocated per message.
+Matching::Matching(Transport& transport, int size, size_t parkLimit)
+    : transport_(transport),
+      inbox_(size),
+      inSlots_(size, 0),
+      pressure_(std::max<size_t>(1, static_cast<size_t>(transport.slotsPerPeer()) / 2)),
+      parkLimit_(parkLimit),
+      adverts_(size) {
+  // Bounded by the slots: reserved once, never allocated per message (only
+  // parked messages, an exception, grow an inbox past them).
   for (auto& box : inbox_) box.reserve(static_cast<size_t>(transport.slotsPerPeer()));
 }
 
 void Matching::arrived(int peer, const Incoming& in) {
   if (in.header.kind != MessageKind::Advert) {
-    inbox_[peer].push_back(in);
+    inbox_[peer].push_back(Waiting{in, nullptr});
+    if (++inSlots_[peer] == pressure_) ++pressured_;
+    pointToPointInSlots_ += in.header.kind == MessageKind::PointToPoint;
+    parkAgain_ = true;
     return;
   }
   const Header& h = in.header;
@@ -107,9 +119,60 @@ std::optional<Matching::Found> Matching::findPointToPoint(int source, uint32_t t
 }
 
 void Matching::consume(int peer, It in) {
-  int slot = in->slot;
+  if (in->parked) {
+    parkedBytes_ -= in->header.payload;
+    inbox_[peer].erase(in);
+    parkAgain_ = parkFull_;  // room for one that did not fit
+    return;
+  }
+  const int slot = in->slot;
+  const MessageKind kind = in->header.kind;
   inbox_[peer].erase(in);
+  leftSlot(peer, kind);
   transport_.release(peer, slot);
+}
+
+void Matching::leftSlot(int peer, MessageKind kind) {
+  pointToPointInSlots_ -= kind == MessageKind::PointToPoint;
+  if (inSlots_[peer]-- == pressure_ && --pressured_ == 0) parkFull_ = false;
+}
+
+bool Matching::park(const Claims& claims, bool pointToPointPending, uint64_t operationChanges) {
+  // Without a receive only point-to-point messages may go; and only a new
+  // message, or an operation that came or went, changes what may go.
+  if (pressured_ == 0 || parkLimit_ == 0 || (!pointToPointPending && pointToPointInSlots_ == 0) ||
+      (!parkAgain_ && operationChanges == operationChanges_)) {
+    return false;
+  }
+  parkAgain_ = false;
+  operationChanges_ = operationChanges;
+  bool released = false, full = false;
+  for (int peer = 0; peer < static_cast<int>(inbox_.size()); ++peer) {
+    if (inSlots_[peer] < pressure_) continue;
+    const bool receiving = claims.receivesFrom(peer);
+    std::optional<bool> waits;  // asked only for a message that could go
+    for (Waiting& w : inbox_[peer]) {
+      const Header& h = w.header;
+      // A direct write's payload is at its destination, not in the slot.
+      if (w.parked || (h.flags & wire::kDirect) != 0) continue;
+      if ((h.kind == MessageKind::Collective && !receiving) || claims.takes(peer, h)) continue;
+      if (!waits) waits = receiving || claims.awaits(peer);
+      if (!*waits) break;
+      if (parkedBytes_ + h.payload > parkLimit_) {
+        full = true;
+        break;
+      }
+      w.parked = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(h.payload, 1));
+      std::memcpy(w.parked.get(), transport_.payload(peer, w.slot), h.payload);
+      transport_.release(peer, w.slot);
+      w.slot = -1;
+      parkedBytes_ += h.payload;
+      leftSlot(peer, h.kind);
+      released = true;
+    }
+  }
+  parkFull_ = full;
+  return released;
 }
 
 void Matching::mismatch(const Expectation& e, int peer, const Header& got,
@@ -155,8 +218,16 @@ std::string Matching::describePeer(int peer) const {
     what += (i == 0 ? "" : "; ") + wire::describe(inbox[i].header);
   }
   if (inbox.size() > 4) what += "; ...";
-  return fmt::format("{} message(s) waiting{}{}{}, {} advert(s)", inbox.size(),
-                     what.empty() ? "" : " (", what, what.empty() ? "" : ")",
+  std::string parked;
+  if (const size_t n = inbox.size() - inSlots_[peer]; n > 0 || parkFull_) {
+    parked = fmt::format(
+        ", {} parked (copied out of their slots; the group's {} of {} bytes used{})", n,
+        parkedBytes_, parkLimit_,
+        parkFull_ ? ": full, raise RDMACC_UNEXPECTED_BYTES or post receives in the peers' order"
+                  : "");
+  }
+  return fmt::format("{} message(s) waiting{}{}{}{}, {} advert(s)", inbox.size(),
+                     what.empty() ? "" : " (", what, what.empty() ? "" : ")", parked,
                      adverts_[peer].size());
 }
 

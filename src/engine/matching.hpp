@@ -1,14 +1,16 @@
 // Receive matching: the messages that arrived from each peer and wait for the
 // operation that takes them, matched by (sequence, step, chunk) for
 // collectives and (tag, chunk) for point-to-point; mismatch detection (the
-// ranks called different collectives); and the direct-receive destinations
-// peers advertised. Owns no slot: consuming a message releases it to the
-// transport.
+// ranks called different collectives); the direct-receive destinations
+// peers advertised; and the copies of messages no started operation takes
+// (parked), so that their slots go back to the peer. Owns no slot:
+// consuming or parking a message releases it to the transport.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,12 +31,20 @@ struct Expectation {
   uint32_t oldestSequence = 0;
 };
 
+// A message waiting for the operation that takes it: in its slot, or parked
+// (copied out, its slot given back).
+struct Waiting : Incoming {
+  std::unique_ptr<uint8_t[]> parked;
+};
+
 class Matching {
  public:
-  using Inbox = std::vector<Incoming>;
+  using Inbox = std::vector<Waiting>;
   using It = Inbox::iterator;
 
-  Matching(Transport& transport, int size);
+  // `parkLimit`: the bytes this group may hold parked, all peers together
+  // (RDMACC_UNEXPECTED_BYTES); 0: messages always wait in their slots.
+  Matching(Transport& transport, int size, size_t parkLimit);
 
   // A message of any kind but Abort: adverts go to the advert table (their
   // slot is released at once), the rest wait in the peer's inbox.
@@ -53,8 +63,8 @@ class Matching {
     It it;
   };
   std::optional<Found> findPointToPoint(int source, uint32_t tag, uint32_t index);
-  const uint8_t* payload(int peer, const Incoming& in) const {
-    return transport_.payload(peer, in.slot);
+  const uint8_t* payload(int peer, const Waiting& in) const {
+    return in.parked ? in.parked.get() : transport_.payload(peer, in.slot);
   }
   // How many messages from peer wait in the inbox for collective `sequence`
   // step `step`, or (kind PointToPoint) for `tag` (sequence), any step: what
@@ -62,6 +72,37 @@ class Matching {
   size_t waiting(int peer, wire::MessageKind kind, uint32_t sequence, uint32_t step) const;
   // The message was used: its slot goes back to the peer.
   void consume(int peer, It in);
+
+  // What the engine's started operations take and wait for.
+  class Claims {
+   public:
+    // Whether a started operation takes the message.
+    virtual bool takes(int peer, const wire::Header& h) const = 0;
+    // Whether a started receive may take a message from peer.
+    virtual bool receivesFrom(int peer) const = 0;
+    // Whether a started collective still needs peer.
+    virtual bool awaits(int peer) const = 0;
+
+   protected:
+    ~Claims() = default;
+  };
+  // A peer can send only into the slots this rank gave back. Messages of
+  // an operation not started here (a receive posted late, tags taken out of
+  // order, a collective this rank has not reached) hold theirs, and once a
+  // peer's are all held so it cannot send what this rank waits for: both
+  // wait until a timeout. So when half of a peer's slots hold messages no
+  // started operation takes, and this rank waits for that peer, they are
+  // copied out and their slots given back, within the park limit. Later
+  // collectives' messages are copied only for a receive: among collectives
+  // the credit reserve of the oldest keeps the order (decision 004).
+  // `pointToPointPending`: a send or receive is pending;
+  // `operationChanges`: counts the operations that came or went. Returns
+  // whether a slot went back. Cheap when no peer's slots are that full,
+  // none could go, or nothing changed since the last look.
+  bool park(const Claims& claims, bool pointToPointPending, uint64_t operationChanges);
+  bool pressured() const noexcept { return pressured_ > 0; }
+  // The last park() left a message in its slot for want of the limit.
+  bool parkFull() const noexcept { return parkFull_; }
 
   // Where the chunk at `offset` of the expected step's send to peer goes
   // when the peer advertised the receive; nullopt: through its slots.
@@ -86,11 +127,21 @@ class Matching {
     uint32_t rkey = 0;
     uint32_t length = 0;
   };
+  void leftSlot(int peer, wire::MessageKind kind);  // a message no longer holds its slot
   [[noreturn]] void mismatch(const Expectation& e, int peer, const wire::Header& got,
                              size_t expectedPayload) const;
 
   Transport& transport_;
-  ByRank<Inbox> inbox_;                   // by peer: arrived, not yet consumed
+  ByRank<Inbox> inbox_;             // by peer: arrived, not yet consumed
+  ByRank<size_t> inSlots_;          // by peer: messages of inbox_ not parked
+  size_t pressure_ = 1;             // messages in a peer's slots that start parking
+  size_t pressured_ = 0;            // peers with at least pressure_
+  size_t pointToPointInSlots_ = 0;  // all peers
+  bool parkAgain_ = false;          // a message came (or room) since the last look
+  uint64_t operationChanges_ = 0;   // ... and the operations then
+  size_t parkLimit_ = 0;
+  size_t parkedBytes_ = 0;                // all peers
+  bool parkFull_ = false;                 // a message stayed in its slot for want of parkLimit_
   ByRank<std::deque<Advert>> adverts_;    // by peer, oldest first
   std::optional<uint32_t> lastFinished_;  // sequence of the last finished collective
 };

@@ -55,6 +55,48 @@ TEST(PointToPoint, SendRecvWithTagsInAnyOrder) {
   r0->wait();
 }
 
+// More messages of one tag than the receiver has slots for the sender, then
+// one of another tag that the receiver takes first; then messages sent
+// before an allreduce that their receiver joins before receiving them. Both
+// orders need the early messages copied out of their slots (decision 018):
+// without that the peer cannot send what the receiver waits for.
+TEST(PointToPoint, MessagesReceivedLaterThanOthersDoNotBlockThem) {
+  if (N < 2) GTEST_SKIP() << "needs two ranks";
+  const int right = (R + 1) % N, left = (R + N - 1) % N;
+  constexpr int kEarly = 12;  // three times the suite's 4 slots per peer
+  std::vector<Buffer> out, in;
+  for (int m = 0; m <= kEarly; ++m) {
+    out.push_back(contribution(DataType::Int32, ReduceOp::Sum, 100, R, 7100 + m));
+    in.emplace_back(DataType::Int32, 100);
+  }
+  std::vector<std::vector<Tensor>> to, from;
+  for (int m = 0; m <= kEarly; ++m) {
+    to.push_back({out[m].tensor()});
+    from.push_back({in[m].tensor()});
+  }
+  std::vector<std::shared_ptr<Work>> sends;
+  for (int m = 0; m <= kEarly; ++m)
+    sends.push_back(gBackend->send(to[m], right, m < kEarly ? 11 : 12));
+  EXPECT_TRUE(gBackend->recv(from[kEarly], left, 12)->wait(60s)) << "tag 12 behind tag 11";
+  for (int m = 0; m < kEarly; ++m) EXPECT_TRUE(gBackend->recv(from[m], left, 11)->wait(60s));
+  for (auto& s : sends) EXPECT_TRUE(s->wait(60s));
+  for (int m = 0; m <= kEarly; ++m) {
+    expectValues(in[m], DataType::Int32, left, 0, 100, 7100 + m, fmt::format("message {}", m));
+  }
+
+  sends.clear();
+  for (int m = 0; m < kEarly; ++m) sends.push_back(gBackend->send(to[m], right, 13));
+  Buffer sum = contribution(DataType::Int32, ReduceOp::Sum, 1000, R, 7200);
+  std::vector<Tensor> ts{sum.tensor()};
+  EXPECT_TRUE(gBackend->allreduce(ts)->wait(60s)) << "allreduce behind early messages";
+  expectReduced(sum, ReduceOp::Sum, 0, 1000, 7200, "allreduce");
+  for (int m = 0; m < kEarly; ++m) EXPECT_TRUE(gBackend->recv(from[m], left, 13)->wait(60s));
+  for (auto& s : sends) EXPECT_TRUE(s->wait(60s));
+  for (int m = 0; m < kEarly; ++m) {
+    expectValues(in[m], DataType::Int32, left, 0, 100, 7100 + m, fmt::format("message {}", m));
+  }
+}
+
 // A wait with a timeout returns when it expires even while the waiting thread
 // drives progress itself, and the operation carries on.
 TEST(PointToPoint, WaitTimeoutExpiresAndTheOperationContinues) {

@@ -134,6 +134,79 @@ TEST(Engine, ASenderWithoutCreditsCompletesOnceTheReceiverPosts) {
   EXPECT_EQ(in, out);
 }
 
+// Rank 0 sends ten messages with tag 1, then one with tag 2; rank 1 takes
+// the tag-2 message first. The tag-1 messages fill rank 1's four slots and
+// rank 0 cannot send the one rank 1 waits for, unless rank 1 copies them
+// out (Matching::park). gloo and MPI take this order too.
+void tagsOutOfOrder(size_t unexpectedBytes, bool expectDone) {
+  constexpr int kSize = 2, kEarly = 10;
+  auto net = std::make_shared<FakeNetwork>(kSize, /*slotsPerPeer=*/4, /*slotBytes=*/256);
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < kSize; ++r) {
+    engines.push_back(std::make_unique<Engine>(
+        net->transport(r),
+        EngineOptions{
+            .group = "fake", .rank = r, .size = kSize, .unexpectedBytes = unexpectedBytes}));
+  }
+  std::vector<std::vector<uint8_t>> sent(kEarly + 1), received(kEarly + 1);
+  std::vector<std::shared_ptr<Work>> sends;
+  for (int m = 0; m <= kEarly; ++m) {
+    sent[m].assign(100, static_cast<uint8_t>(m + 1));
+    received[m].assign(100, 0);
+    sends.push_back(engines[0]->submit(pointToPoint(true, 1, m < kEarly ? 1 : 2, sent[m], 2s)));
+  }
+  auto late = engines[1]->submit(pointToPoint(false, 0, 2, received[kEarly], 2s));
+  if (!expectDone) {
+    Error e = failureOf(*late);
+    EXPECT_EQ(e.kind(), ErrorKind::Timeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("RDMACC_UNEXPECTED_BYTES"), std::string::npos) << e.what();
+    return;
+  }
+  ASSERT_TRUE(late->wait());
+  for (int m = 0; m < kEarly; ++m) {
+    EXPECT_TRUE(engines[1]->submit(pointToPoint(false, 0, 1, received[m], 2s))->wait());
+  }
+  for (auto& w : sends) EXPECT_TRUE(w->wait());
+  for (int m = 0; m <= kEarly; ++m) EXPECT_EQ(received[m], sent[m]) << "message " << m;
+  EXPECT_LE(net->maxOccupied(0, 1), 4);
+}
+
+TEST(Engine, TagsReceivedOutOfOrderAreCopiedOutOfTheSlots) {
+  tagsOutOfOrder(size_t{64} << 20, true);
+}
+
+TEST(Engine, TagsReceivedOutOfOrderPastTheParkLimitFailNamingIt) {
+  tagsOutOfOrder(300, false);  // three of the ten messages
+}
+
+// Rank 0 sends eight messages to rank 1 and then joins an allreduce; rank 1
+// joins the allreduce first and receives afterwards. The messages take all
+// of rank 1's slots for rank 0, so rank 0's allreduce chunks wait for slots
+// that only the receives would free, unless they are copied out.
+TEST(Engine, ReceivesPostedAfterACollectiveDoNotBlockIt) {
+  Group g(2, /*slots=*/4, /*slotBytes=*/256);
+  std::vector<std::vector<uint8_t>> sent(8), received(8);
+  std::vector<std::shared_ptr<Work>> sends;
+  for (int m = 0; m < 8; ++m) {
+    sent[m].assign(200, static_cast<uint8_t>(3 * m + 1));
+    received[m].assign(200, 0);
+    sends.push_back(g[0].submit(pointToPoint(true, 1, 5, sent[m], 5s)));
+  }
+  std::vector<std::vector<int32_t>> data(2, std::vector<int32_t>(512));
+  for (int r = 0; r < 2; ++r) std::iota(data[r].begin(), data[r].end(), r * 1000);
+  std::this_thread::sleep_for(50ms);  // rank 0's messages fill rank 1's slots first
+  auto first = g[0].submit(ringAllreduce(0, 2, data[0], 5s));
+  auto second = g[1].submit(ringAllreduce(1, 2, data[1], 5s));
+  ASSERT_TRUE(second->wait());
+  ASSERT_TRUE(first->wait());
+  for (int m = 0; m < 8; ++m)
+    EXPECT_TRUE(g[1].submit(pointToPoint(false, 0, 5, received[m]))->wait());
+  for (auto& w : sends) EXPECT_TRUE(w->wait());
+  for (int m = 0; m < 8; ++m) EXPECT_EQ(received[m], sent[m]) << "message " << m;
+  for (int i = 0; i < 512; ++i) ASSERT_EQ(data[0][i], 2 * i + 1000) << i;
+  EXPECT_EQ(data[1], data[0]);
+}
+
 TEST(Engine, CollectivesOverlapAndCompleteInSubmissionOrder) {
   constexpr int kSize = 3, kOps = 6;
   Group g(kSize, /*slots=*/4, /*slotBytes=*/256, /*inFlight=*/4);
