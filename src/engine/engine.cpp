@@ -101,6 +101,7 @@ bool Engine::Impl::advance() {
     checkDeadlines(now);
   }
   if (!broken) probeAwaitedPeers(now);
+  if (broken && !reportUnsent.empty()) progress |= sendReports();
   if (collectives.empty() && pointToPoint.empty() && !drained.load(std::memory_order_relaxed)) {
     drained.store(true);
   }

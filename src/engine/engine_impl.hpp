@@ -72,6 +72,10 @@ struct Engine::Impl final : TransportSink, Steppable, Matching::Claims {
   bool stuckTold = false;  // this rank sent what it waits for (once per group)
   std::string stuckText;
   std::vector<int> stuckUnsent;
+  // The broken group's report (breakGroup), and the peers it has not reached.
+  std::string reportText;
+  uint64_t reportCheck = 0;  // the root rank + 1 (0: this rank)
+  std::vector<int> reportUnsent;
   std::vector<bool> probedScratch;
 
   std::deque<std::unique_ptr<Active>> collectives;    // the front one runs
@@ -168,10 +172,13 @@ struct Engine::Impl final : TransportSink, Steppable, Matching::Claims {
   // stuck in the previous one).
   void onStuck(int peer, const Incoming& in);
   void tellStuck(const std::vector<int>& waits);
-  // Best effort, retried while a search runs: a peer whose slots are full
-  // (it is behind, holding messages of ours for a later collective) gets it
-  // once one frees.
   void sendStuckReports();
+  // The broken group's report to the peers it has not reached yet.
+  bool sendReports();
+  // Sends `header` with `text` as its payload to each peer of `unsent` that
+  // has room for it now; those sent to (or dead, or failing) leave the list,
+  // the others stay for a later call. Whether any left.
+  bool sendToEach(std::vector<int>& unsent, wire::Header header, std::string_view text);
   // Keep-alive: every `keepalive`, the peers that pending operations wait
   // for are probed; a path that no longer carries packets fails through
   // the transport (the peer and the completion status named).

@@ -184,9 +184,9 @@ Error Engine::Impl::timedOut(const Operation& op, const std::vector<int>& waitin
                                       fmt::join(stuckOn, ", "))),
       .peerRank = culprits.size() == 1 ? culprits.front() : -1,
       .hint = matching.parkFull()
-                  ? "messages no started operation takes filled RDMACC_UNEXPECTED_BYTES, and the "
-                    "peers could send nothing else: receive in the order the peers send, or "
-                    "raise it"
+                  ? fmt::format("messages no started operation takes filled the room for them, "
+                                "and the peers could send nothing else: {}",
+                                Matching::kParkFullAdvice)
                   : "a rank is missing, slower, or called different collectives; raise the op's "
                     "timeout (RDMACC_TIMEOUT) if it is only slow"});
 }
@@ -225,20 +225,32 @@ void Engine::Impl::tellStuck(const std::vector<int>& waits) {
   sendStuckReports();
 }
 
-// Best effort, retried while a search runs: a peer whose slots are full
-// (it is behind, holding messages of ours for a later collective) gets it
-// once one frees.
+// Retried while a search runs: a peer whose slots are full (it is behind,
+// holding messages of ours for a later collective) gets it once one frees.
 void Engine::Impl::sendStuckReports() {
-  std::erase_if(stuckUnsent, [&](int peer) {
+  sendToEach(stuckUnsent, wire::Header{.kind = wire::MessageKind::Stuck}, stuckText);
+}
+
+// Retried by every round of the broken group (advance()).
+bool Engine::Impl::sendReports() {
+  return sendToEach(reportUnsent,
+                    wire::Header{.kind = wire::MessageKind::Abort, .check = reportCheck},
+                    reportText);
+}
+
+bool Engine::Impl::sendToEach(std::vector<int>& unsent, wire::Header header,
+                              std::string_view text) {
+  header.payload = static_cast<uint32_t>(text.size());
+  const size_t before = unsent.size();
+  std::erase_if(unsent, [&](int peer) {
     if (dead[peer]) return true;
-    wire::Header h{.kind = wire::MessageKind::Stuck,
-                   .payload = static_cast<uint32_t>(stuckText.size())};
     try {
-      return transport->trySend(peer, h, reinterpret_cast<const uint8_t*>(stuckText.data()));
+      return transport->trySend(peer, header, reinterpret_cast<const uint8_t*>(text.data()));
     } catch (const Error&) {
-      return true;  // the peer is failing; the search does not need it
+      return true;  // the peer is failing: it needs no report
     }
   });
+  return unsent.size() != before;
 }
 
 // Keep-alive: every `keepalive`, the peers that pending operations wait
@@ -287,19 +299,16 @@ void Engine::Impl::breakGroup(const Error& error, std::optional<Report> passOn) 
   // The rank at the root of the failure travels with it (check = root + 1,
   // also to that rank; 0: this rank itself), so every survivor names the
   // same rank. A rank breaks once, so each tells each peer at most once.
-  std::string text(passOn ? passOn->text : std::string_view(error.what()));
-  text.resize(std::min(text.size(), chunk));
+  // A peer with no free slot for it (or, lazy, not connected yet) gets it
+  // when one frees (advance() retries): its own timeout may be far off.
+  reportText = passOn ? passOn->text : std::string_view(error.what());
+  reportText.resize(std::min(reportText.size(), chunk));
   const int root = passOn ? passOn->root : error.info().peerRank;
+  reportCheck = root >= 0 && root < size ? static_cast<uint64_t>(root) + 1 : 0;
   for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank || dead[peer]) continue;
-    wire::Header h{.kind = wire::MessageKind::Abort,
-                   .payload = static_cast<uint32_t>(text.size()),
-                   .check = root >= 0 && root < size ? static_cast<uint64_t>(root) + 1 : 0};
-    try {
-      transport->trySend(peer, h, reinterpret_cast<const uint8_t*>(text.data()));
-    } catch (const Error&) {  // best effort: the peer may be the one that failed
-    }
+    if (peer != rank && !dead[peer]) reportUnsent.push_back(peer);
   }
+  sendReports();
   failAll(error);
 }
 

@@ -220,11 +220,10 @@ std::string Matching::describePeer(int peer) const {
   if (inbox.size() > 4) what += "; ...";
   std::string parked;
   if (const size_t n = inbox.size() - inSlots_[peer]; n > 0 || parkFull_) {
-    parked = fmt::format(
-        ", {} parked (copied out of their slots; the group's {} of {} bytes used{})", n,
-        parkedBytes_, parkLimit_,
-        parkFull_ ? ": full, raise RDMACC_UNEXPECTED_BYTES or post receives in the peers' order"
-                  : "");
+    parked =
+        fmt::format(", {} parked (copied out of their slots; the group's {} of {} bytes used{})", n,
+                    parkedBytes_, parkLimit_,
+                    parkFull_ ? fmt::format(": full; {}", kParkFullAdvice) : std::string());
   }
   return fmt::format("{} message(s) waiting{}{}{}{}, {} advert(s)", inbox.size(),
                      what.empty() ? "" : " (", what, what.empty() ? "" : ")", parked,

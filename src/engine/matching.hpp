@@ -103,6 +103,9 @@ class Matching {
   bool pressured() const noexcept { return pressured_ > 0; }
   // The last park() left a message in its slot for want of the limit.
   bool parkFull() const noexcept { return parkFull_; }
+  // What a user does about it (for a timeout's hint and describePeer).
+  static constexpr const char* kParkFullAdvice =
+      "receive in the order the peers send, or raise RDMACC_UNEXPECTED_BYTES";
 
   // Where the chunk at `offset` of the expected step's send to peer goes
   // when the peer advertised the receive; nullopt: through its slots.

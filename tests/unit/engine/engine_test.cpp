@@ -332,6 +332,25 @@ TEST(Engine, AnAbortOnOneRankFailsThePeersPendingWork) {
   EXPECT_NE(std::string(e.what()).find("the test aborts rank 0"), std::string::npos) << e.what();
 }
 
+// Rank 0's messages fill rank 1's two slots for it before rank 0 aborts, so
+// the report finds no slot; it goes once rank 1 receives them. Without the
+// retry rank 1's barrier would wait out its timeout.
+TEST(Engine, AnAbortThatFindsNoSlotGoesOnceOneFrees) {
+  Group g(2, /*slots=*/2, /*slotBytes=*/256);
+  std::vector<std::vector<uint8_t>> sent(2, std::vector<uint8_t>(100, 7));
+  std::vector<std::vector<uint8_t>> received(2, std::vector<uint8_t>(100, 0));
+  auto first = g[0].submit(pointToPoint(true, 1, 3, sent[0]));
+  auto second = g[0].submit(pointToPoint(true, 1, 3, sent[1]));
+  while (g.net->messages(0, 1) < 2) std::this_thread::sleep_for(1ms);
+  g[0].abort("the test aborts rank 0");
+  std::this_thread::sleep_for(100ms);  // the report found both slots held
+  for (auto& r : received) EXPECT_TRUE(g[1].submit(pointToPoint(false, 0, 3, r))->wait());
+  auto waiting = g[1].submit(barrier(1, 2, 10s));
+  const Error e = failureOf(*waiting);
+  EXPECT_NE(std::string(e.what()).find("the test aborts rank 0"), std::string::npos) << e.what();
+  EXPECT_EQ(received, sent);
+}
+
 TEST(Engine, AFailedTransferFailsTheOperationNamingThePeer) {
   Group g(2, 2, 256);
   std::vector<uint8_t> in(64);
