@@ -344,11 +344,13 @@ TEST(Engine, AnAbortThatFindsNoSlotGoesOnceOneFrees) {
   while (g.net->messages(0, 1) < 2) std::this_thread::sleep_for(1ms);
   g[0].abort("the test aborts rank 0");
   std::this_thread::sleep_for(100ms);  // the report found both slots held
-  for (auto& r : received) EXPECT_TRUE(g[1].submit(pointToPoint(false, 0, 3, r))->wait());
+  // Taking one message frees the slot the report then takes (a second
+  // receive could meet the report first: the group breaks when it arrives).
+  EXPECT_TRUE(g[1].submit(pointToPoint(false, 0, 3, received[0]))->wait());
   auto waiting = g[1].submit(barrier(1, 2, 10s));
   const Error e = failureOf(*waiting);
   EXPECT_NE(std::string(e.what()).find("the test aborts rank 0"), std::string::npos) << e.what();
-  EXPECT_EQ(received, sent);
+  EXPECT_EQ(received[0], sent[0]);
 }
 
 TEST(Engine, AFailedTransferFailsTheOperationNamingThePeer) {
