@@ -5,6 +5,7 @@
 // choice; the engine receives the result and never names a transport.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -16,12 +17,21 @@ namespace rdmacc {
 
 class Mesh;
 
+// How the RDMA peers are reached besides `rails`: through `channel`, a
+// shared link's (the group made no mesh: docs/decisions/019); or over the
+// one rail, with the transport made there handed to `share`, which returns
+// the group's own channel of a new link.
+struct RdmaPath {
+  std::unique_ptr<Transport> channel;
+  std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)> share;
+};
+
 // `rails`: one mesh per NIC this rank stripes its RDMA peers over
 // (RDMACC_IB_RAILS); empty when every peer is reached through shared memory.
 // Resolves options.slotBytes 0 (autoSlotBytes) and sets up every transport
 // (slot regions exchanged through `store`); throws Error when that fails or
 // the slot size is not usable.
 std::unique_ptr<Transport> makeTransports(const std::vector<Mesh*>& rails, Store& store,
-                                          TransportOptions options);
+                                          TransportOptions options, RdmaPath rdma = {});
 
 }  // namespace rdmacc

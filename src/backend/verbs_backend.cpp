@@ -16,10 +16,6 @@ namespace {
 // RDMACC_TRACE_EVENTS keeps this many events (24 MiB; 7 per small
 // operation, so about 150,000 of them); later ones are counted, not kept.
 constexpr size_t kTraceCapacity = size_t{1} << 20;
-// RDMACC_CONNECT=auto: groups up to this size connect every pair at formation
-// (a few queue pairs, and the RDMA one-shot board needs them all); larger
-// ones connect a pair when an operation first needs it.
-constexpr int kEagerConnectRanks = 8;
 
 // RDMACC_SPIN_YIELD: auto yields when this host runs more of the group's ranks
 // than this process may use CPUs (each spinning rank would otherwise hold a
@@ -61,11 +57,10 @@ SpinTimes spinTimes(const std::string& setting, bool yield) {
 // One line per rank at info level: what a cluster log needs to tell ranks,
 // hosts, launches and devices apart.
 void logStartup(const Config& config, int rank, int size, const std::string& group,
-                const std::vector<std::unique_ptr<Mesh>>& rails, size_t sharedMemoryPeers,
-                size_t rdmaPeers) {
+                const std::vector<Mesh*>& rails, size_t sharedMemoryPeers, size_t rdmaPeers) {
   if (!logEnabled(LogLevel::Info)) return;
   std::string device;
-  for (const auto& mesh : rails) {
+  for (const Mesh* mesh : rails) {
     const Endpoint& e = mesh->endpoint();
     device +=
         fmt::format("{} {} port {} GID {} ({}, index {}) MTU {}", device.empty() ? " on" : " and",
@@ -109,125 +104,20 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   if (!s.store) invalid("VerbsBackend needs a store", "pass a TCPStore, FileStore or HashStore");
   const Impl::Placement placement = s.placePeers(options);
   s.choice = AlgorithmChoice(s.config, std::move(tuning), s.hosts, size);
-  logStartup(s.config, rank, size, s.group, s.rails,
+  logStartup(s.config, rank, size, s.group, s.meshesUsed(),
              static_cast<size_t>(std::count(placement.shm.begin(), placement.shm.end(), true)),
              placement.rdmaPeers);
   s.makeRegistrations();
   s.startEngine(options, placement);
 }
 
-// One mesh per rail (RDMACC_IB_RAILS), each on its own port; the first
-// keeps the group's name, so one rail is what it always was. Connections on
-// first use above a handful of ranks (docs/decisions/010).
-void VerbsBackend::Impl::makeRails(const Options& options, const std::vector<bool>& skip,
-                                   bool defer) {
-  const int railCount = static_cast<int>(config.getInt("RDMACC_IB_RAILS"));
-  std::vector<std::optional<Endpoint>> endpoints(1);
-  if (railCount > 1) {
-    auto chosen = selectEndpoints(config, localRankFromEnvironment(), railCount);
-    endpoints.assign(chosen.begin(), chosen.end());
-  }
-  for (size_t i = 0; i < endpoints.size(); ++i) {
-    rails.push_back(std::make_unique<Mesh>(
-        *store, rank, size, config,
-        MeshOptions{.group = i == 0 ? group : fmt::format("{}/rail{}", group, i),
-                    .skip = skip,
-                    .endpoint = endpoints[i],
-                    .lazy = lazyConnections(),
-                    .allGather = options.allGather,
-                    .deferStart = defer,
-                    .transportConnects = true}));
-  }
-}
-
-bool VerbsBackend::Impl::lazyConnections() const {
-  const std::string& connect = config.getString("RDMACC_CONNECT");
-  return connect == "lazy" || (connect == "auto" && size > kEagerConnectRanks);
-}
-
-// Shared memory to the ranks on this host, RDMA to the others
-// (RDMACC_TRANSPORT=auto); the meshes only when some peer needs RDMA. One
-// record per rank says all of it (docs/decisions/009 and 011).
-VerbsBackend::Impl::Placement VerbsBackend::Impl::placePeers(const Options& options) {
-  const std::string& transport = config.getString("RDMACC_TRANSPORT");
-  // When the group surely needs RDMA (RDMACC_TRANSPORT=rdma, or more ranks
-  // than the launcher put on this host), the meshes listen before the host
-  // exchange and their addresses travel with the host records.
-  const int localSize = localSizeFromEnvironment();
-  if (transport == "rdma" || (transport == "auto" && localSize > 0 && size > localSize)) {
-    makeRails(options, {}, /*defer=*/true);
-  }
-  std::string rdmaRecord;
-  for (const auto& mesh : rails) {
-    const std::string r = mesh->record();
-    rdmaRecord += (rdmaRecord.empty() ? "" : " ") + (r.empty() ? "-" : r);
-  }
-  Placement p;
-  // The shared-memory segment's name is drawn now and travels with the
-  // host record too.
-  p.segment = newSegmentName();
-  p.segmentFile = std::make_shared<net::Fd>(createSegmentFile(p.segment));
-  std::vector<std::vector<std::string>> carried;
-  hosts = algorithms::Hosts(hostNumbers(
-      *store, options.allGather, group, rank, size,
-      hostIdentity(config.getString("RDMACC_HOST_ID")),
-      fmt::format("RDMACC_TRANSPORT={} RDMACC_IB_RAILS={} RDMACC_CONNECT={}", transport,
-                  config.getInt("RDMACC_IB_RAILS"), lazyConnections() ? "lazy" : "eager"),
-      {segmentRecord(p.segment, p.segmentFile->get()), rdmaRecord.empty() ? "-" : rdmaRecord},
-      &carried));
-  for (const auto& lines : carried) p.shmRecords.push_back(lines[0]);
-  p.shm.assign(static_cast<size_t>(size), false);
-  std::vector<int> remote;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    p.shm[static_cast<size_t>(peer)] = transport != "rdma" && hosts.host(peer) == hosts.host(rank);
-    if (!p.shm[static_cast<size_t>(peer)]) remote.push_back(peer);
-  }
-  p.rdmaPeers = remote.size();
-  if (transport == "shm" && !remote.empty()) {
-    invalid(fmt::format("RDMACC_TRANSPORT=shm, but rank(s) {} are on other hosts",
-                        fmt::join(remote, ", ")),
-            "use RDMACC_TRANSPORT=auto (shared memory inside a host, RDMA between hosts)");
-  }
-  // Every rank reads the same records, so all take the same branch: RDMA is
-  // needed by all or by none (auto: several hosts), and the addresses came
-  // with the records only if every rank published them.
-  if (remote.empty() && transport != "rdma") {
-    rails.clear();
-  } else if (rails.empty()) {
-    makeRails(options, p.shm, /*defer=*/false);
-  } else {
-    startRails(p.shm, carried);
-  }
-  return p;
-}
-
-// The deferred meshes, with every rank's addresses from the host records
-// (line 2 of the carried lines: one field per rail, "-" for none), or
-// through the store when some rank published none.
-void VerbsBackend::Impl::startRails(const std::vector<bool>& shm,
-                                    const std::vector<std::vector<std::string>>& carried) {
-  std::vector<std::vector<std::string>> published(rails.size());
-  for (int peer = 0; peer < size; ++peer) {
-    const auto fields = splitFields(carried[static_cast<size_t>(peer)][1], ' ');
-    for (size_t i = 0; i < published.size(); ++i) {
-      if (fields.size() == published.size() && fields[i] != "-") {
-        published[i].emplace_back(fields[i]);
-      }
-    }
-  }
-  for (size_t i = 0; i < rails.size(); ++i) {
-    if (published[i].size() != static_cast<size_t>(size)) published[i].clear();
-    rails[i]->start(*store, shm, published[i]);
-  }
-}
-
 // registerMemory keeps its contract (deregistering twice, or memory never
 // registered, is an error) in every group; only RDMA peers need a memory
 // region behind it, so without a mesh a registration records the range.
 void VerbsBackend::Impl::makeRegistrations() {
+  const std::vector<Mesh*> meshes = meshesUsed();
   registrations = std::make_unique<RegistrationCache>(
-      userMemoryRegistrar(rails.empty() ? nullptr : rails[0]->pd()),
+      userMemoryRegistrar(meshes.empty() ? nullptr : meshes[0]->pd()),
       // Exactly [ptr, ptr + bytes): with whole pages, the heap bytes next to a
       // registered tensor would be remotely writable too.
       config.getBool("RDMACC_REGISTRATION_CACHE"), /*pageBytes=*/1);
@@ -245,7 +135,8 @@ void VerbsBackend::Impl::startEngine(const Options& options, const Placement& pl
   }
   std::vector<Mesh*> meshes;
   for (const auto& mesh : rails) meshes.push_back(mesh.get());
-  // Zero-copy from registered memory exists on RDMA only.
+  // Zero-copy from registered memory exists on RDMA only, and not through
+  // another group's connections (Link: channels other than 0 use slots).
   const RegistrationCache* zeroCopyFrom = rails.empty() ? nullptr : registrations.get();
   const auto zeroCopyMinBytes = static_cast<size_t>(config.getInt("RDMACC_ZERO_COPY_MIN_BYTES"));
   engine = std::make_unique<Engine>(
@@ -269,8 +160,8 @@ void VerbsBackend::Impl::startEngine(const Options& options, const Placement& pl
               .shmSingleCopy = config.getBool("RDMACC_SHM_SINGLE_COPY"),
               .shmMembarrier = config.getBool("RDMACC_SHM_MEMBARRIER"),
               .shmOneShotBytes = static_cast<size_t>(config.getInt("RDMACC_SHM_ONE_SHOT_BYTES")),
-              .rdmaOneShotBytes =
-                  static_cast<size_t>(config.getInt("RDMACC_RDMA_ONE_SHOT_BYTES"))}),
+              .rdmaOneShotBytes = static_cast<size_t>(config.getInt("RDMACC_RDMA_ONE_SHOT_BYTES"))},
+          rdmaPath(placement)),
       EngineOptions{
           .group = group,
           .rank = rank,
@@ -444,19 +335,19 @@ void VerbsBackend::setSequenceNumberForGroup() {
 
 int VerbsBackend::queuePairs() const {
   int count = 0;
-  for (const auto& mesh : impl_->rails) count += mesh->queuePairs();
+  for (const Mesh* mesh : impl_->meshesUsed()) count += mesh->queuePairs();
   return count;
 }
 
 size_t VerbsBackend::receivesPosted() const {
   size_t count = 0;
-  for (const auto& mesh : impl_->rails) count += mesh->receivesPosted();
+  for (const Mesh* mesh : impl_->meshesUsed()) count += mesh->receivesPosted();
   return count;
 }
 
 std::vector<std::string> VerbsBackend::rdmaPorts() const {
   std::vector<std::string> ports;
-  for (const auto& mesh : impl_->rails) {
+  for (const Mesh* mesh : impl_->meshesUsed()) {
     ports.push_back(fmt::format("{}:{}", mesh->endpoint().device, mesh->endpoint().port));
   }
   return ports;

@@ -19,6 +19,7 @@
 #include "src/backend/algorithm_choice.hpp"
 #include "src/backend/arguments.hpp"
 #include "src/backend/tensor_lists.hpp"
+#include "src/backend/transports.hpp"
 #include "src/core/buffer.hpp"
 #include "src/engine/engine.hpp"
 #include "src/engine/event_trace.hpp"
@@ -26,6 +27,7 @@
 #include "src/schedule/algorithms/algorithms.hpp"
 #include "src/store/socket.hpp"
 #include "src/store/store_util.hpp"
+#include "src/transport/link.hpp"
 #include "src/transport/rdma/mesh.hpp"
 #include "src/transport/registration_cache.hpp"
 #include "verbs/qp.hpp"
@@ -88,8 +90,14 @@ struct VerbsBackend::Impl {
   AlgorithmChoice choice;   // which algorithm each collective runs
   algorithms::Hosts hosts;  // which ranks share a host: hierarchical algorithms
   std::string group;
-  std::vector<std::unique_ptr<Mesh>> rails;          // one mesh per NIC; empty: no RDMA peer
-  std::unique_ptr<RegistrationCache> registrations;  // after the meshes (the first's PD)
+  // One mesh per NIC; empty: no RDMA peer, or all through `link`. Shared
+  // with the link the group founds (later groups use them through it).
+  std::vector<std::shared_ptr<Mesh>> rails;
+  // Connections of an earlier group this one attached to (decision 019):
+  // its RDMA peers go through a channel of `link`, over `linkMesh`.
+  std::shared_ptr<Link> link;
+  std::shared_ptr<Mesh> linkMesh;
+  std::unique_ptr<RegistrationCache> registrations;  // after the meshes (their PD)
   // Operations' large scratch buffers, kept for the next ones
   // (RDMACC_SCRATCH_CACHE_BYTES); shared with the operations that hold one.
   std::shared_ptr<ScratchPool> scratchPool;
@@ -105,6 +113,10 @@ struct VerbsBackend::Impl {
     std::string segment;                   // this rank's segment name
     std::shared_ptr<net::Fd> segmentFile;  // and its file (shm/transport.hpp)
     std::vector<std::string> shmRecords;   // every rank's "name:pid:fd", by rank
+    uint32_t channel = 0;                  // of `link`, when the group attached to one
+    std::vector<int> toBase;               // group rank -> link rank, then
+    std::string linkId;                    // else: the link this group founds ("": none)
+    std::string suits;                     // the settings its connections are made with
   };
   Placement placePeers(const Options& options);
   bool lazyConnections() const;
@@ -113,6 +125,9 @@ struct VerbsBackend::Impl {
                   const std::vector<std::vector<std::string>>& carried);
   void makeRegistrations();
   void startEngine(const Options& options, const Placement& placement);
+  RdmaPath rdmaPath(const Placement& placement);
+  // The meshes whose queue pairs this group uses: its rails, or the link's.
+  std::vector<Mesh*> meshesUsed() const;
 
   // A plan (the algorithm chosen and its schedule) depends only on the
   // collective's shape (and this rank and group, the configuration and the

@@ -91,7 +91,7 @@ bool Engine::Impl::advance() {
     progress |= executor.advancePointToPoint(pointToPoint, pool);
     operationChanges += before - pointToPoint.size();
   }
-  if (!broken && matching.pressured()) {
+  if (!broken && (matching.pressured() || transport->anyContended())) {
     progress |= matching.park(*this, !pointToPoint.empty(), operationChanges);
   }
   // Deadlines to the millisecond: the scan of every pending operation is

@@ -138,26 +138,37 @@ void Matching::leftSlot(int peer, MessageKind kind) {
 }
 
 bool Matching::park(const Claims& claims, bool pointToPointPending, uint64_t operationChanges) {
+  // Connections shared with other groups (Transport::contended): one of
+  // them may wait for a peer whose slots this group's messages hold.
+  const bool shared = transport_.anyContended();
+  const uint64_t contention = shared ? transport_.contention() : contention_;
   // Without a receive only point-to-point messages may go; and only a new
   // message, or an operation that came or went, changes what may go.
-  if (pressured_ == 0 || parkLimit_ == 0 || (!pointToPointPending && pointToPointInSlots_ == 0) ||
-      (!parkAgain_ && operationChanges == operationChanges_)) {
+  if (parkLimit_ == 0 || (!parkAgain_ && operationChanges == operationChanges_ &&
+                          contention == contention_)) {
+    return false;
+  }
+  if (!shared && (pressured_ == 0 || (!pointToPointPending && pointToPointInSlots_ == 0))) {
     return false;
   }
   parkAgain_ = false;
   operationChanges_ = operationChanges;
+  contention_ = contention;
   bool released = false, full = false;
   for (int peer = 0; peer < static_cast<int>(inbox_.size()); ++peer) {
-    if (inSlots_[peer] < pressure_) continue;
+    const bool contended = shared && inSlots_[peer] > 0 && transport_.contended(peer);
+    if (inSlots_[peer] < pressure_ && !contended) continue;
     const bool receiving = claims.receivesFrom(peer);
     std::optional<bool> waits;  // asked only for a message that could go
     for (Waiting& w : inbox_[peer]) {
       const Header& h = w.header;
       // A direct write's payload is at its destination, not in the slot.
-      if (w.parked || (h.flags & wire::kDirect) != 0) continue;
-      if ((h.kind == MessageKind::Collective && !receiving) || claims.takes(peer, h)) continue;
-      if (!waits) waits = receiving || claims.awaits(peer);
-      if (!*waits) break;
+      if (w.parked || (h.flags & wire::kDirect) != 0 || claims.takes(peer, h)) continue;
+      if (!contended) {
+        if (h.kind == MessageKind::Collective && !receiving) continue;
+        if (!waits) waits = receiving || claims.awaits(peer);
+        if (!*waits) break;
+      }
       if (parkedBytes_ + h.payload > parkLimit_) {
         full = true;
         break;

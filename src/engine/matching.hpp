@@ -95,6 +95,9 @@ class Matching {
   // copied out and their slots given back, within the park limit. Later
   // collectives' messages are copied only for a receive: among collectives
   // the credit reserve of the oldest keeps the order (decision 004).
+  // On a connection other groups share, once half of its slots are held
+  // (Transport::contended), any message no started operation takes goes:
+  // this group cannot know what the others wait for.
   // `pointToPointPending`: a send or receive is pending;
   // `operationChanges`: counts the operations that came or went. Returns
   // whether a slot went back. Cheap when no peer's slots are that full,
@@ -142,6 +145,7 @@ class Matching {
   size_t pointToPointInSlots_ = 0;  // all peers
   bool parkAgain_ = false;          // a message came (or room) since the last look
   uint64_t operationChanges_ = 0;   // ... and the operations then
+  uint64_t contention_ = 0;         // ... and the transport's contention then
   size_t parkLimit_ = 0;
   size_t parkedBytes_ = 0;                // all peers
   bool parkFull_ = false;                 // a message stayed in its slot for want of parkLimit_

@@ -143,6 +143,20 @@ class CompositeTransport final : public Transport, private TransportSink {
   void prepare(int peer) override {
     for (uint8_t c : carriersOf(peer)) children_[c]->prepare(peer);
   }
+  bool contended(int peer) const override {
+    const auto& list = carriersOf(peer);
+    return std::any_of(list.begin(), list.end(),
+                       [&](uint8_t c) { return children_[c]->contended(peer); });
+  }
+  bool anyContended() const override {
+    return std::any_of(children_.begin(), children_.end(),
+                       [](const auto& child) { return child->anyContended(); });
+  }
+  uint64_t contention() const override {
+    uint64_t sum = 0;
+    for (const auto& child : children_) sum += child->contention();
+    return sum;
+  }
 
  private:
   const std::vector<uint8_t>& carriersOf(int peer) const {

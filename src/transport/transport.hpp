@@ -204,6 +204,19 @@ class Transport {
   // when connected; errors show as for a send (poll reports them).
   virtual void prepare(int peer) { (void)peer; }
 
+  // Connections shared by several groups (src/transport/link.hpp): whether
+  // half of the slots of the connection to `peer` are held, by any of the
+  // groups, so that a group's messages no started operation takes must
+  // leave their slots (Matching::park) whatever the group itself waits for:
+  // another group may wait for that peer. anyContended(): for some peer;
+  // contention(): grows each time a connection becomes contended.
+  virtual bool contended(int peer) const {
+    (void)peer;
+    return false;
+  }
+  virtual bool anyContended() const { return false; }
+  virtual uint64_t contention() const { return 0; }
+
   // The state of the path to `peer` (credits, queues), for a diagnosis when
   // an operation waiting for it times out.
   virtual std::string describePeer(int peer) const = 0;

@@ -54,8 +54,12 @@ struct Header {
   uint64_t addr = 0;
   uint32_t rkey = 0;
   uint32_t length = 0;
+  // The group the message belongs to on a connection the groups of a
+  // process pair share (src/transport/link.hpp); 0 on a group's own.
+  uint32_t channel = 0;
+  uint32_t reserved = 0;  // 0
 };
-static_assert(sizeof(Header) == 56);
+static_assert(sizeof(Header) == 64);
 constexpr size_t kHeaderBytes = 64;  // payload stays 64-byte aligned
 
 // "allreduce #12 step 3 (check 0x..., 4096 bytes)", for traces and errors.

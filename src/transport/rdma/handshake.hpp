@@ -19,7 +19,7 @@
 namespace rdmacc::handshake {
 
 constexpr uint32_t kMagic = 0x43434452;  // "RDCC"
-constexpr uint16_t kVersion = 7;
+constexpr uint16_t kVersion = 8;
 constexpr size_t kProofBytes = 16;
 constexpr size_t kHelloBytes = 40 + kProofBytes;  // all 56 bytes of an IB CM REQ's private data
 static_assert(kHelloBytes <= 56, "rdma_cm carries 56 bytes of private data in a request");

@@ -27,12 +27,13 @@
 #include "src/schedule/algorithms/algorithms.hpp"
 #include "src/schedule/schedule.hpp"
 #include "tests/unit/engine/fake_transport.hpp"
+#include "tests/unit/engine/test_operations.hpp"
 
 namespace rdmacc {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::FakeNetwork;
+using namespace rdmacc::testing;  // FakeNetwork and the operations
 
 struct Group {
   std::shared_ptr<FakeNetwork> net;
@@ -48,57 +49,6 @@ struct Group {
   }
   Engine& operator[](int r) { return *engines[static_cast<size_t>(r)]; }
 };
-
-std::unique_ptr<Operation> pointToPoint(bool send, int peer, uint32_t tag,
-                                        std::vector<uint8_t>& buffer,
-                                        std::chrono::milliseconds timeout = 20s) {
-  auto op = std::make_unique<Operation>();
-  op->type = send ? OpType::Send : OpType::Recv;
-  op->pointToPoint = true;
-  op->isSend = send;
-  op->peer = peer;
-  op->tag = tag;
-  op->buffer = buffer.data();
-  op->bytes = buffer.size();
-  op->timeout = timeout;
-  return op;
-}
-
-// A ring allreduce (sum) of `data` in place, as VerbsBackend builds one.
-std::unique_ptr<Operation> ringAllreduce(int rank, int size, std::vector<int32_t>& data,
-                                         std::chrono::milliseconds timeout = 20s) {
-  auto op = std::make_unique<Operation>();
-  op->type = OpType::Allreduce;
-  op->timeout = timeout;
-  op->schedule = std::make_shared<Plan>(
-      algorithms::ringAllreduce(rank, size, evenBlocks(data.size(), size, sizeof(int32_t)), false),
-      Algorithm::Ring);
-  op->sendBase = op->recvBase = reinterpret_cast<uint8_t*>(data.data());
-  op->dtype = DataType::Int32;
-  op->reduceOp = ReduceOp::Sum;
-  op->checkValue = data.size();
-  return op;
-}
-
-std::unique_ptr<Operation> barrier(int rank, int size, std::chrono::milliseconds timeout = 20s) {
-  auto op = std::make_unique<Operation>();
-  op->type = OpType::Barrier;
-  op->timeout = timeout;
-  op->schedule =
-      std::make_shared<Plan>(algorithms::disseminationBarrier(rank, size), Algorithm::Auto);
-  return op;
-}
-
-// The error a failed work holds (fails the test when it succeeded).
-Error failureOf(Work& work) {
-  try {
-    work.wait();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "the work succeeded";
-  return Error(ErrorKind::Internal, "no failure");
-}
 
 TEST(Engine, PointToPointMessagesArriveInOrderThroughTwoSlots) {
   // 1,000-byte messages are six 192-byte chunks each: every message needs

@@ -77,12 +77,13 @@ TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
   for (const int pid : {::getpid(), 0x3fffffff}) {  // alive; no such process
     auto store = std::make_shared<HashStore>(500ms);
     const std::string group = fmt::format("lonely{}", pid);
-    store->set(fmt::format("rdmacc/host/{}/1", group),
-               toBytes(fmt::format(
-                   "rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
-                   "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager\n/rdmacc-{}-00000000deadbeef:{}:999\n-\n"
-                   "same-host",
-                   version(), handshake::kVersion, ::getpid(), pid)));
+    store->set(
+        fmt::format("rdmacc/host/{}/1", group),
+        toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
+                            "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager RDMACC_SHARE_CONNECTIONS=0\n"
+                            "/rdmacc-{}-00000000deadbeef:{}:999\n-\n-\n"
+                            "same-host",
+                            version(), handshake::kVersion, ::getpid(), pid)));
     const size_t before = ourSegments();
     try {
       VerbsBackend backend(store, 0, 2,
@@ -122,7 +123,8 @@ TEST(ShmTransport, ASegmentOfAnotherUserOrUnsealedIsRefused) {
     store->set(
         fmt::format("rdmacc/host/{}/1", group),
         toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
-                            "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager\n{}\n-\nsame-host",
+                            "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager "
+                            "RDMACC_SHARE_CONNECTIONS=0\n{}\n-\n-\nsame-host",
                             version(), handshake::kVersion, segmentRecord(name, file.get()))));
     const std::string path = fmt::format("/proc/{}/fd/{}", ::getpid(), file.get());
     const std::string expected =

@@ -1,0 +1,64 @@
+// The process's shared connections (docs/decisions/019): which links its
+// groups made, what a forming group tells its peers about them, and the
+// decision every member of the group takes from the same records: attach
+// to a link all members have (no mesh, no queue pair, no slot memory of its
+// own) or make its own mesh and offer it to later groups.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/transport/link.hpp"
+
+namespace rdmacc {
+
+class Mesh;
+
+// A link of this process's registry, held while a group decides.
+struct OfferedLink {
+  std::string id;
+  std::shared_ptr<Link> link;
+  std::shared_ptr<Mesh> mesh;  // the link's (its protection domain, counters)
+};
+
+// What a forming group's rank tells the others: `line`, a carried line of
+// its host record: the id this rank would give a link the group founds
+// (rank 0's is taken), then "id:linkRank:nextChannel" per link of the
+// process whose connections suit `suits` (the settings they were made with:
+// only a group with the same text may use them); "-" when sharing is off.
+// `held` keeps those links alive until the group has decided.
+struct LinkOffers {
+  std::string line;
+  std::vector<OfferedLink> held;
+};
+LinkOffers offerLinks(bool share, const std::string& suits);
+
+// What a forming group attaches to: `link`'s channel `channel`, group rank
+// r being link rank toBase[r].
+struct LinkChoice {
+  std::shared_ptr<Link> link;
+  std::shared_ptr<Mesh> mesh;
+  uint32_t channel = 0;
+  std::vector<int> toBase;
+};
+
+// The decision, the same on every member: `lines` are every rank's offers
+// line by rank (hostile input: a malformed one throws Error naming the
+// rank). The first link of rank 0's offers that every member offers;
+// nullopt: the group makes its own connections.
+std::optional<LinkChoice> chooseLink(const LinkOffers& mine, const std::vector<std::string>& lines,
+                                     int rank);
+
+// The id of a link the group founds: rank 0's drawn one; empty when
+// sharing is off.
+std::string foundingLinkId(const std::vector<std::string>& lines);
+
+// Registers a link a group founded, for the process's later groups (held
+// weakly: it goes with the last group that uses it).
+void addLink(const std::string& id, const std::string& suits, const std::shared_ptr<Link>& link,
+             const std::shared_ptr<Mesh>& mesh);
+
+}  // namespace rdmacc

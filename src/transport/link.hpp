@@ -1,0 +1,113 @@
+// Connections shared by the groups of a process (decision 019). A Link owns
+// the transport of the group that made the connections (its ranks are the
+// link's ranks) and carries the traffic of every group whose members all
+// belong to it: each such group sends and receives through a channel, a
+// Transport of the group's own ranks whose messages name the channel in
+// their header. Slots, credits and queue pairs are the link's, so a group
+// added to a process pair costs no connection and no registered memory.
+//
+// What stays per group: matching, operations, failure (an Abort names its
+// channel and breaks only that group). What a connection suffers (a failed
+// transfer, a departed peer) reaches every group that has the peer.
+//
+// Threading: the base transport is used under the link's mutex, by whichever
+// group's thread polls; arrivals for the other groups wait in their queues
+// and wake them through their own eventfd. A channel's own state is used by
+// its group's progress thread only.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "rdmacc/error.hpp"
+#include "src/transport/transport.hpp"
+
+namespace rdmacc {
+
+class Link final : public std::enable_shared_from_this<Link>, private TransportSink {
+ public:
+  // `base`: the founding group's transport, in which this process is `rank`
+  // of `size`; `resources` go after it (the meshes it uses); `unexpectedBytes`:
+  // what messages of channels not open here yet may hold copied out of their
+  // slots (RDMACC_UNEXPECTED_BYTES); past it they keep their slots.
+  Link(std::unique_ptr<Transport> base, int rank, int size, size_t unexpectedBytes,
+       std::shared_ptr<void> resources = nullptr);
+  ~Link();
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  // The lowest channel number never opened here. The ranks of a new group
+  // take the largest of theirs (each then knows the number is unused on
+  // every member) and open it.
+  uint32_t nextChannel() const;
+  // A group's transport over the link: group rank r is link rank toBase[r]
+  // (-1: a peer this link does not carry), this process group rank `rank`.
+  // Throws Error(InvalidArgument) when `channel` was opened here before.
+  std::unique_ptr<Transport> open(uint32_t channel, int rank, std::vector<int> toBase);
+
+  // What holds the slots of a link peer now, for tests: messages delivered
+  // to channels and not released, and copies of early messages.
+  size_t heldSlots(int linkPeer) const;
+  size_t earlyCopies() const;
+
+ private:
+  class Channel;
+  // An arrival on its way to a channel: in a slot, or copied out (`copy`).
+  struct Delivery {
+    int peer = -1;  // the link's rank
+    Incoming in;
+    std::vector<uint8_t> copy;
+    bool copied = false;
+  };
+  struct Open {
+    std::vector<int> fromBase;  // link rank -> group rank, -1
+    std::vector<Delivery> queue;
+    std::vector<std::pair<int, Error>> failures;  // by link rank
+    std::vector<int> disconnected;                // link ranks
+    int wake = -1;                                // the channel's eventfd
+    bool woken = false;                           // written since the channel last took its queue
+  };
+
+  // Under mutex_: the base's poll delivers here.
+  void arrived(int peer, const Incoming& in) override;
+  void failed(int peer, Error error) override;
+  // Under mutex_: hands queued work to `o` and wakes it unless it is polling.
+  void notify(Open& o);
+  void takeDepartures();
+  // Under mutex_: a link peer's slots held by channels change by `delta`;
+  // at half of them the connection is contended (Transport::contended).
+  void hold(int peer, int delta);
+  bool contended(int peer) const;
+  // The channel's group is gone: the slots it held, (link rank, slot), go back.
+  void close(uint32_t channel, const std::vector<std::pair<int, int>>& held);
+
+  mutable std::mutex mutex_;
+  const int rank_;
+  const int size_;
+  const size_t unexpectedBytes_;
+  std::shared_ptr<void> resources_;  // declared before base_: outlives it
+  std::unique_ptr<Transport> base_;
+  std::map<uint32_t, Open*> open_;
+  uint32_t next_ = 0;
+  Open* polling_ = nullptr;  // the channel whose poll runs the base's
+  // Messages for channels not open here yet (a peer formed the group first).
+  std::vector<std::pair<uint32_t, Delivery>> early_;
+  size_t earlyBytes_ = 0;
+  std::vector<size_t> held_;                // by link rank: slots delivered, not released
+  const size_t half_;                       // held slots that make a connection contended
+  std::atomic<size_t> channels_{0};         // open
+  std::atomic<size_t> contendedPeers_{0};   // link peers with half of their slots held
+  std::atomic<uint64_t> contention_{0};     // times a peer's connection became contended
+  std::vector<bool> departed_;              // by link rank
+  std::vector<std::optional<Error>> dead_;  // by link rank: a failed connection
+};
+
+}  // namespace rdmacc

@@ -1,0 +1,266 @@
+// Groups sharing one process pair's connections (src/transport/link.hpp):
+// the engines of several groups per rank over one FakeNetwork, each group
+// through its channel of the rank's Link. The slots a test fills are the
+// link's, so what one group leaves in them shows in the other's traffic.
+#include "src/transport/link.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "rdmacc/error.hpp"
+#include "src/engine/engine.hpp"
+#include "src/schedule/algorithms/algorithms.hpp"
+#include "src/schedule/schedule.hpp"
+#include "tests/unit/engine/fake_transport.hpp"
+#include "tests/unit/engine/test_operations.hpp"
+
+namespace rdmacc {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace rdmacc::testing;  // FakeNetwork and the operations
+
+// Every rank's link over one fake network (the founding group: all ranks).
+struct Links {
+  std::shared_ptr<FakeNetwork> net;
+  std::vector<std::shared_ptr<Link>> of;
+  Links(int size, int slots, size_t slotBytes, size_t unexpectedBytes = size_t{64} << 20) {
+    net = std::make_shared<FakeNetwork>(size, slots, slotBytes);
+    for (int r = 0; r < size; ++r) {
+      of.push_back(std::make_shared<Link>(net->transport(r), r, size, unexpectedBytes));
+    }
+  }
+  // Link rank `members[r]`'s engine for group rank r, on `channel`.
+  std::unique_ptr<Engine> engine(uint32_t channel, const std::vector<int>& members, int r) {
+    return std::make_unique<Engine>(
+        of[static_cast<size_t>(members[static_cast<size_t>(r)])]->open(channel, r, members),
+        EngineOptions{.group = fmt::format("channel{}", channel),
+                      .rank = r,
+                      .size = static_cast<int>(members.size())});
+  }
+};
+
+// Rank r's input to an allreduce of `n` values in group `g`.
+std::vector<int32_t> input(int g, int r, size_t n) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), 100 * g + 10 * r);
+  return v;
+}
+
+// The world (4 ranks) and two pairs, {0, 2} and {1, 3}, on one link per
+// rank: their allreduces run at once over the same slots, and each group
+// gets its own sum.
+TEST(Link, GroupsRunAtOnceOverTheSameSlots) {
+  constexpr int kSize = 4;
+  constexpr size_t kValues = 3000;  // several chunks per step
+  Links links(kSize, /*slots=*/4, /*slotBytes=*/512);
+  const std::vector<int> world{0, 1, 2, 3};
+  const std::vector<std::vector<int>> pairs{{0, 2}, {1, 3}};
+  ASSERT_EQ(links.of[0]->nextChannel(), 0u);
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < kSize; ++r) engines.push_back(links.engine(0, world, r));
+  for (const auto& pair : pairs) {
+    for (int r = 0; r < 2; ++r) engines.push_back(links.engine(1, pair, r));
+  }
+  EXPECT_EQ(links.of[0]->nextChannel(), 2u);
+  std::vector<std::vector<int32_t>> data;
+  for (int r = 0; r < kSize; ++r) data.push_back(input(0, r, kValues));
+  for (int p = 0; p < 2; ++p) {
+    for (int r = 0; r < 2; ++r) data.push_back(input(1 + p, r, kValues));
+  }
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::vector<int32_t>> work = data;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int r = 0; r < kSize; ++r)
+      works.push_back(engines[r]->submit(ringAllreduce(r, 4, work[r])));
+    for (int e = kSize; e < kSize + 4; ++e) {
+      works.push_back(engines[e]->submit(ringAllreduce((e - kSize) % 2, 2, work[e])));
+    }
+    for (auto& w : works) ASSERT_TRUE(w->wait());
+    for (size_t i = 0; i < kValues; ++i) {
+      const int32_t worldSum = static_cast<int32_t>(4 * i + 60);
+      for (int r = 0; r < kSize; ++r) ASSERT_EQ(work[r][i], worldSum) << "world rank " << r;
+      for (int p = 0; p < 2; ++p) {
+        const int32_t pairSum = static_cast<int32_t>(2 * i + 200 * (1 + p) + 10);
+        for (int r = 0; r < 2; ++r) {
+          ASSERT_EQ(work[kSize + 2 * p + r][i], pairSum) << "pair " << p << " rank " << r;
+        }
+      }
+    }
+  }
+  for (int a = 0; a < kSize; ++a) {
+    for (int b = 0; b < kSize; ++b) {
+      if (a != b) {
+        EXPECT_LE(links.net->maxOccupied(a, b), 4) << a << " -> " << b;
+      }
+    }
+  }
+}
+
+TEST(Link, AnAbortInOneGroupLeavesTheOthersWorking) {
+  Links links(2, 4, 512);
+  const std::vector<int> both{0, 1};
+  auto world0 = links.engine(0, both, 0), world1 = links.engine(0, both, 1);
+  auto sub0 = links.engine(1, both, 0), sub1 = links.engine(1, both, 1);
+  auto waiting = sub1->submit(barrier(1, 2, 20s));
+  sub0->abort("the test aborts the subgroup");
+  const Error e = failureOf(*waiting);
+  EXPECT_NE(std::string(e.what()).find("the test aborts the subgroup"), std::string::npos)
+      << e.what();
+  std::vector<int32_t> a = input(0, 0, 500), b = input(0, 1, 500);
+  auto wa = world0->submit(ringAllreduce(0, 2, a));
+  auto wb = world1->submit(ringAllreduce(1, 2, b));
+  EXPECT_TRUE(wa->wait());
+  EXPECT_TRUE(wb->wait());
+  EXPECT_EQ(a, b);
+}
+
+TEST(Link, AFailedConnectionFailsEveryGroupOnIt) {
+  Links links(2, 4, 512);
+  const std::vector<int> both{0, 1};
+  auto world0 = links.engine(0, both, 0), world1 = links.engine(0, both, 1);
+  auto sub0 = links.engine(1, both, 0), sub1 = links.engine(1, both, 1);
+  std::vector<uint8_t> in(64), in2(64);
+  auto a = world0->submit(pointToPoint(false, 1, 4, in, 60s));
+  auto b = sub0->submit(pointToPoint(false, 1, 4, in2, 60s));
+  links.net->failTransfer(0, 1, "IBV_WC_RETRY_EXC_ERR on the fake link");
+  for (auto* w : {&a, &b}) {
+    const Error e = failureOf(**w);
+    EXPECT_NE(std::string(e.what()).find("IBV_WC_RETRY_EXC_ERR on the fake link"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Rank 0 forms the subgroup and sends before rank 1 opened it: the messages
+// wait, copied out of their slots, and are received once it opens.
+TEST(Link, MessagesForAGroupNotOpenYetWaitForIt) {
+  Links links(2, /*slots=*/2, /*slotBytes=*/256);
+  const std::vector<int> both{0, 1};
+  auto sub0 = links.engine(1, both, 0);  // rank 0 has no world here
+  std::vector<std::vector<uint8_t>> sent, received;
+  std::vector<std::shared_ptr<Work>> sends;
+  for (int m = 0; m < 5; ++m) {  // more than rank 1's two slots for rank 0
+    sent.emplace_back(150, static_cast<uint8_t>(m + 1));
+    received.emplace_back(150, 0);
+  }
+  for (auto& s : sent) sends.push_back(sub0->submit(pointToPoint(true, 1, 9, s)));
+  // Rank 1 polls through the world's channel meanwhile: its poll takes the
+  // subgroup's messages off the slots.
+  auto world1 = links.engine(0, both, 1);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (links.of[1]->earlyCopies() < 5 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(links.of[1]->earlyCopies(), 5u);
+  EXPECT_EQ(links.of[1]->heldSlots(0), 0u);
+  auto sub1 = links.engine(1, both, 1);
+  for (auto& r : received) EXPECT_TRUE(sub1->submit(pointToPoint(false, 0, 9, r))->wait());
+  for (auto& w : sends) EXPECT_TRUE(w->wait());
+  EXPECT_EQ(received, sent);
+}
+
+// Early messages count at least a header each against the budget: a peer's
+// empty messages for a group not open here are copied out only up to it,
+// the rest keep their slots (and so stop the sender), and all are received
+// once the group opens. Without the floor every empty message was copied
+// out and its slot given back: the copies grew without bound.
+TEST(Link, EarlyEmptyMessagesAreBoundedToo) {
+  constexpr size_t kBudget = 4 * wire::kHeaderBytes;
+  Links links(2, /*slots=*/2, /*slotBytes=*/256, kBudget);
+  const std::vector<int> both{0, 1};
+  auto sub0 = links.engine(1, both, 0);
+  std::vector<std::vector<uint8_t>> empty(20);
+  std::vector<std::shared_ptr<Work>> sends;
+  for (auto& e : empty) sends.push_back(sub0->submit(pointToPoint(true, 1, 3, e)));
+  auto world1 = links.engine(0, both, 1);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while ((links.of[1]->earlyCopies() < 4 || links.of[1]->heldSlots(0) < 2) &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  std::this_thread::sleep_for(50ms);  // room for a copy past the budget to show
+  EXPECT_EQ(links.of[1]->earlyCopies(), 4u);
+  EXPECT_EQ(links.of[1]->heldSlots(0), 2u);
+  auto sub1 = links.engine(1, both, 1);
+  std::vector<std::vector<uint8_t>> received(20);
+  for (auto& r : received) EXPECT_TRUE(sub1->submit(pointToPoint(false, 0, 3, r))->wait());
+  for (auto& w : sends) EXPECT_TRUE(w->wait());
+  EXPECT_EQ(links.of[1]->earlyCopies(), 0u);
+}
+
+// A group destroyed with messages in its slots gives them back, or the
+// other groups would lose them for good. (Three of eight: below the half
+// at which the subgroup would copy them out itself.)
+TEST(Link, AGroupThatGoesGivesItsSlotsBack) {
+  Links links(2, /*slots=*/8, /*slotBytes=*/256);
+  const std::vector<int> both{0, 1};
+  auto world0 = links.engine(0, both, 0), world1 = links.engine(0, both, 1);
+  {
+    auto sub0 = links.engine(1, both, 0), sub1 = links.engine(1, both, 1);
+    std::vector<std::vector<uint8_t>> messages(3, std::vector<uint8_t>(100, 1));
+    std::vector<std::shared_ptr<Work>> sends;
+    for (auto& m : messages) sends.push_back(sub0->submit(pointToPoint(true, 1, 3, m)));
+    for (auto& w : sends) EXPECT_TRUE(w->wait());
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (links.of[1]->heldSlots(0) < 3 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(1ms);
+    }
+    ASSERT_EQ(links.of[1]->heldSlots(0), 3u);
+  }  // destroyed without receiving them
+  EXPECT_EQ(links.of[1]->heldSlots(0), 0u);
+  std::vector<uint8_t> out(3000, 5), in(3000, 0);
+  auto send = world0->submit(pointToPoint(true, 1, 1, out, 10s));
+  auto recv = world1->submit(pointToPoint(false, 0, 1, in, 10s));
+  EXPECT_TRUE(recv->wait());
+  EXPECT_TRUE(send->wait());
+  EXPECT_EQ(in, out);
+}
+
+// The subgroup's messages fill every slot of rank 1 for rank 0 before the
+// world's allreduce, and rank 1 receives them only after it: the world can
+// send nothing unless the subgroup copies them out, which it does although
+// it waits for nothing itself (the slots are contended).
+TEST(Link, OneGroupsUnreceivedMessagesDoNotBlockAnother) {
+  Links links(2, /*slots=*/4, /*slotBytes=*/256);
+  const std::vector<int> both{0, 1};
+  auto world0 = links.engine(0, both, 0), world1 = links.engine(0, both, 1);
+  auto sub0 = links.engine(1, both, 0), sub1 = links.engine(1, both, 1);
+  std::vector<std::vector<uint8_t>> sent, received;
+  std::vector<std::shared_ptr<Work>> sends;
+  for (int m = 0; m < 6; ++m) {
+    sent.emplace_back(150, static_cast<uint8_t>(m + 1));
+    received.emplace_back(150, 0);
+  }
+  for (auto& s : sent) sends.push_back(sub0->submit(pointToPoint(true, 1, 3, s, 10s)));
+  std::this_thread::sleep_for(50ms);  // they reach rank 1 first
+  std::vector<int32_t> a = input(0, 0, 2000), b = input(0, 1, 2000);
+  auto wa = world0->submit(ringAllreduce(0, 2, a, 10s));
+  auto wb = world1->submit(ringAllreduce(1, 2, b, 10s));
+  ASSERT_TRUE(wa->wait());
+  ASSERT_TRUE(wb->wait());
+  EXPECT_EQ(a, b);
+  for (auto& r : received) EXPECT_TRUE(sub1->submit(pointToPoint(false, 0, 3, r))->wait());
+  for (auto& w : sends) EXPECT_TRUE(w->wait());
+  EXPECT_EQ(received, sent);
+}
+
+TEST(Link, AChannelIsOpenedOncePerLink) {
+  Links links(2, 2, 256);
+  auto first = links.of[0]->open(3, 0, {0, 1});
+  EXPECT_EQ(links.of[0]->nextChannel(), 4u);
+  EXPECT_THROW(links.of[0]->open(3, 0, {0, 1}), Error);
+  EXPECT_THROW(links.of[0]->open(2, 0, {0, 1}), Error);
+  EXPECT_THROW(links.of[0]->open(5, 0, {1, 0}), Error);  // this process is link rank 0
+}
+
+}  // namespace
+}  // namespace rdmacc
