@@ -29,6 +29,10 @@ struct Args {
   bool registerBuffers = false;  // -R: zero-copy from registered buffers
   int buffers = 1;               // --buffers: iterations rotate over this many buffer sets
   bool blocking = false;         // -z: wait for each operation before the next (OSU-style latency)
+  // --second-group: measure a group of the same ranks formed after the
+  // job's (as torch's new_group), over its connections with
+  // RDMACC_SHARE_CONNECTIONS=1 (docs/decisions/019).
+  bool secondGroup = false;
   std::string json;
   std::string csv;      // appended to (header when the file is new or empty)
   std::string plot;     // PNG of every series in the CSV (or of this run)

@@ -135,6 +135,10 @@ void addRunOptions(CLI::App& app, Args& a, RawOptions& raw) {
       ->default_str("1")  // what -R alone means; the help says the real default
       ->check(CLI::Range(0, 2))
       ->option_text("INT in [0 - 2] (default 0: off; -R alone: 1)");
+  app.add_flag("--second-group", a.secondGroup,
+               "measure a second group of the same ranks, formed after the job's group and used "
+               "after it (as torch's new_group): with RDMACC_SHARE_CONNECTIONS=1 it sends over the "
+               "first group's RDMA connections");
   app.add_option("--buffers", a.buffers,
                  "rotate the timed iterations over K buffer sets (1: every iteration on the "
                  "result of the one before, as nccl-tests; > 1: independent collectives overlap, "
@@ -391,10 +395,10 @@ void printHeader(const Args& args, const VerbsBackend& backend, const Formation&
              ports.empty() ? std::string("no RDMA port (shared memory)")
                            : fmt::format("RDMA port {}", fmt::join(ports, ", ")));
   fmt::print(
-      "# group of {} ranks formed in {:.0f} ms (slowest rank; {:.0f} ms the fastest), {:.1f} MiB "
+      "# {}group of {} ranks formed in {:.0f} ms (slowest rank; {:.0f} ms the fastest), {:.1f} MiB "
       "resident, {:.0f} threads (largest rank)\n",
-      backend.getSize(), formed.milliseconds, formed.fastestMilliseconds, formed.residentMiB,
-      formed.threads);
+      args.secondGroup ? "second " : "", backend.getSize(), formed.milliseconds,
+      formed.fastestMilliseconds, formed.residentMiB, formed.threads);
   fmt::print(
       "# rdmacc-perf -c {}: {} ranks, dtype {}, op {}, root {}, algorithm {}, {} iterations, {} "
       "warm-up{}\n",
@@ -473,9 +477,30 @@ void report(const Args& args, int ranks, const Formation& formation, const Sweep
   if (!args.json.empty()) writeJson(args, ranks, formation, sweep.rows, sweep.averageBusbw());
 }
 
+// The group the sweep runs on: the job's, or with --second-group one formed
+// after it over the same store (`first` then holds the job's group, used
+// once so that its connections exist, as a torch job's world group).
+std::shared_ptr<VerbsBackend> measuredGroup(const Args& args, std::shared_ptr<VerbsBackend>& first,
+                                            Clock::time_point& formStart) {
+  if (!args.secondGroup) return initFromEnvironment();
+  const GroupEnvironment env = groupFromEnvironment(Config::load());
+  setLogPrefix(fmt::format("rank {}", env.rank));
+  VerbsBackend::Options options;
+  options.allGather = env.allGather;
+  options.groupName = "perf-first";
+  first = std::make_shared<VerbsBackend>(env.store, env.rank, env.size, options);
+  std::vector<float> one(1, 1.0f);
+  std::vector<Tensor> t{Tensor{one.data(), one.size(), DataType::Float32}};
+  first->allreduce(t)->wait();
+  options.groupName = "perf-second";
+  formStart = Clock::now();
+  return std::make_shared<VerbsBackend>(env.store, env.rank, env.size, options);
+}
+
 int runCollective(const Args& args) {
-  const auto formStart = Clock::now();
-  auto backend = initFromEnvironment();
+  auto formStart = Clock::now();
+  std::shared_ptr<VerbsBackend> first;
+  auto backend = measuredGroup(args, first, formStart);
   Formation formation = measureFormation(*backend, formStart);
   CollectiveBench bench(args, backend);
   const bool lead = backend->getRank() == 0;
