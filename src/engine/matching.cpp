@@ -144,8 +144,8 @@ bool Matching::park(const Claims& claims, bool pointToPointPending, uint64_t ope
   const uint64_t contention = shared ? transport_.contention() : contention_;
   // Without a receive only point-to-point messages may go; and only a new
   // message, or an operation that came or went, changes what may go.
-  if (parkLimit_ == 0 || (!parkAgain_ && operationChanges == operationChanges_ &&
-                          contention == contention_)) {
+  if (parkLimit_ == 0 ||
+      (!parkAgain_ && operationChanges == operationChanges_ && contention == contention_)) {
     return false;
   }
   if (!shared && (pressured_ == 0 || (!pointToPointPending && pointToPointInSlots_ == 0))) {

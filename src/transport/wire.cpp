@@ -110,8 +110,8 @@ std::optional<Violation> checkHeader(const Header& h, uint32_t byteLen, const Li
     return violation(fmt::format("{} with flags {:#x}", describe(h), h.flags));
   }
   if (h.reserved != 0) {
-    return violation(fmt::format("{} with reserved header bytes {:#x} (0 expected)", describe(h),
-                                 h.reserved));
+    return violation(
+        fmt::format("{} with reserved header bytes {:#x} (0 expected)", describe(h), h.reserved));
   }
   const size_t maxPayload = limits.slotBytes - kHeaderBytes;
   if (h.payload > maxPayload) {
