@@ -17,6 +17,10 @@ namespace {
 // and an offer takes at most 55 of them.
 constexpr size_t kMaxOffers = 8;
 constexpr size_t kIdChars = 32;  // 128 random bits
+// Channels a link may number: a group opens one, so this bounds nothing a
+// real job reaches, and keeps Link's "next channel" (the chosen one + 1)
+// from wrapping to 0 when a peer offers the last 32-bit number.
+constexpr uint32_t kMaxChannel = 1u << 30;
 
 struct Registered {
   std::string id;
@@ -74,7 +78,7 @@ Parsed parse(const std::string& line, int rank) {
     const auto parts = splitFields(fields[i], ':');
     Offer o;
     if (parts.size() != 3 || !validId(parts[0]) || !number(parts[1], o.linkRank) ||
-        o.linkRank < 0 || !number(parts[2], o.next)) {
+        o.linkRank < 0 || !number(parts[2], o.next) || o.next > kMaxChannel) {
       throw malformed(fmt::format("offer {}", i));
     }
     o.id = parts[0];

@@ -68,6 +68,7 @@ TEST(SharedLinks, AMalformedOfferFailsNamingItsRank) {
            fmt::format("{}  {}:0:1", kC, kA),                         // an empty field
            fmt::format("- {}:0:1", kA),                               // offers while sharing is off
            fmt::format("{} {}:0:99999999999", kC, kA),                // past 32 bits
+           fmt::format("{} {}:1:4294967295", kC, kA),  // the last channel: next would wrap
        }) {
     try {
       chooseLink(mine, {good, bad}, 0);
