@@ -133,6 +133,15 @@ class CompositeTransport final : public Transport, private TransportSink {
   void consumeEvents() override {
     for (auto& child : children_) child->consumeEvents();
   }
+  // The soonest any child must look again (an RDMA connection waiting to be
+  // retried, a shared link whose other poller may stop).
+  std::optional<std::chrono::microseconds> pollingSleep() override {
+    std::optional<std::chrono::microseconds> soonest;
+    for (auto& child : children_) {
+      if (auto sleep = child->pollingSleep()) soonest = std::min(soonest.value_or(*sleep), *sleep);
+    }
+    return soonest;
+  }
   // Every path to the peer must carry packets.
   void probe(int peer) override {
     for (uint8_t c : carriersOf(peer)) children_[c]->probe(peer);

@@ -1,8 +1,5 @@
 #include "src/transport/link.hpp"
 
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -14,337 +11,24 @@
 namespace rdmacc {
 namespace {
 
-// A channel's wake-up descriptor, closed with it.
-class EventFd {
- public:
-  EventFd() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-  ~EventFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  EventFd(const EventFd&) = delete;
-  EventFd& operator=(const EventFd&) = delete;
-  int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
+using Clock = std::chrono::steady_clock;
 
- private:
-  int fd_;
-};
-
-// What an early message counts against RDMACC_UNEXPECTED_BYTES: at least a
-// header's worth, so that a peer's stream of empty messages for a channel
-// never opened here stays bounded too.
-size_t earlyCost(size_t payload) {
-  return std::max(payload, wire::kHeaderBytes);
-}
+// A channel whose thread polled the link this recently and is not asleep is
+// taken to poll on (a thread in a collective polls far more often). One
+// that stops without sleeping (a caller whose work completed) leaves the
+// sleepers that relied on it to their own time limits: the engine thread's
+// is the caller's linger (Progress), a caller's the sleep slice.
+constexpr auto kPollerGap = std::chrono::microseconds(1000);
+// A group that sent this recently is busy: its thread, not an idle group's,
+// should sleep on the completion channel, or each of its messages would
+// cost a hand-off between two threads.
+constexpr auto kBusy = std::chrono::milliseconds(20);
 
 }  // namespace
 
-// A group's transport over the link. Slot numbers from the base's
-// slotsPerPeer() up name copies this channel holds (early messages copied
-// out of their slots before the channel opened).
-class Link::Channel final : public Transport, private Board {
- public:
-  Channel(std::shared_ptr<Link> link, uint32_t id, int rank, std::vector<int> toBase)
-      : link_(std::move(link)),
-        base_(*link_->base_),
-        id_(id),
-        rank_(rank),
-        toBase_(std::move(toBase)),
-        slots_(base_.slotsPerPeer()),
-        held_(toBase_.size()),
-        copies_(toBase_.size()) {
-    if (!wake_) {
-      throw errnoError(ErrorKind::Internal, "eventfd", errno, "a channel's wake-up descriptor");
-    }
-    state_.wake = wake_.get();
-    state_.fromBase.assign(static_cast<size_t>(link_->size_), -1);
-    for (size_t r = 0; r < toBase_.size(); ++r) {
-      const int b = toBase_[r];
-      if (b < -1 || b >= link_->size_ || (b >= 0 && state_.fromBase[b] >= 0)) {
-        throw Error(ErrorKind::Internal,
-                    fmt::format("group rank {} maps to link rank {} of {}", r, b, link_->size_));
-      }
-      if (b >= 0) state_.fromBase[b] = static_cast<int>(r);
-    }
-    if (rank_ < 0 || rank_ >= static_cast<int>(toBase_.size()) || toBase_[rank_] != link_->rank_) {
-      throw Error(
-          ErrorKind::Internal,
-          fmt::format("this process is link rank {}, not group rank {}'s", link_->rank_, rank_));
-    }
-    std::lock_guard lock(link_->mutex_);
-    if (id_ < link_->next_ || link_->open_.contains(id_)) {
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("channel {} of the shared connections was opened before", id_));
-    }
-    link_->next_ = id_ + 1;
-    link_->open_[id_] = &state_;
-    ++link_->channels_;
-    // Early arrivals, and what the connections suffered before.
-    std::erase_if(link_->early_, [&](auto& early) {
-      if (early.first != id_) return false;
-      if (early.second.copied)
-        link_->earlyBytes_ -= earlyCost(early.second.in.header.payload);
-      else
-        link_->hold(early.second.peer, 1);
-      state_.queue.push_back(std::move(early.second));
-      return true;
-    });
-    for (int b = 0; b < link_->size_; ++b) {
-      if (state_.fromBase[b] < 0) continue;
-      if (link_->dead_[b]) state_.failures.emplace_back(b, *link_->dead_[b]);
-      if (link_->departed_[b]) state_.disconnected.push_back(b);
-    }
-  }
-
-  ~Channel() override {
-    std::vector<std::pair<int, int>> held;  // (link rank, slot)
-    for (size_t r = 0; r < held_.size(); ++r) {
-      for (int slot : held_[r]) held.emplace_back(toBase_[r], slot);
-    }
-    link_->close(id_, held);
-  }
-
-  size_t chunkBytes() const noexcept override { return base_.chunkBytes(); }
-  int slotsPerPeer() const noexcept override { return slots_; }
-  const std::string& peerAddress(int peer) const override {
-    std::lock_guard lock(link_->mutex_);
-    return base_.peerAddress(linkRank(peer));
-  }
-  // Zero-copy and direct writes use registrations of the founding group's
-  // (its protection domain); the other groups' messages go through slots.
-  DirectWrites directWrites(int peer) const override {
-    if (id_ != 0) return DirectWrites::None;
-    std::lock_guard lock(link_->mutex_);
-    return base_.directWrites(linkRank(peer));
-  }
-  size_t sendBurst(int peer) const override {
-    std::lock_guard lock(link_->mutex_);
-    return base_.sendBurst(linkRank(peer));
-  }
-
-  bool trySend(int peer, const wire::Header& header, const uint8_t* data,
-               const std::shared_ptr<ZeroCopyWrites>& zeroCopy,
-               std::optional<DirectTarget> direct) override {
-    wire::Header h = header;
-    h.channel = id_;
-    const int b = linkRank(peer);
-    std::lock_guard lock(link_->mutex_);
-    base_.reserveCredits(reserve_);
-    struct Reset {
-      Transport& t;
-      ~Reset() { t.reserveCredits(0); }
-    } reset{base_};
-    // Zero-copy and direct writes use registrations in the founding group's
-    // protection domain, through its registration cache, which goes with
-    // that group: only channel 0 (that group, while it is open) may ask the
-    // base for them. Without `zeroCopy` the base never reads the cache.
-    if (id_ != 0) return base_.trySend(b, h, data, nullptr, std::nullopt);
-    return base_.trySend(b, h, data, zeroCopy, direct);
-  }
-  void reserveCredits(size_t slots) override { reserve_ = slots; }
-
-  const uint8_t* payload(int peer, int slot) const override {
-    if (slot >= slots_) return copies_[peer][static_cast<size_t>(slot - slots_)].data();
-    std::lock_guard lock(link_->mutex_);
-    return base_.payload(linkRank(peer), slot);
-  }
-  void release(int peer, int slot) override {
-    if (slot >= slots_) {
-      auto& copy = copies_[peer][static_cast<size_t>(slot - slots_)];
-      copy.clear();
-      copy.shrink_to_fit();
-      return;
-    }
-    auto& held = held_[peer];
-    auto it = std::find(held.begin(), held.end(), slot);
-    if (it != held.end()) held.erase(it);
-    const int b = linkRank(peer);
-    std::lock_guard lock(link_->mutex_);
-    link_->hold(b, -1);
-    base_.release(b, slot);
-  }
-
-  bool poll(TransportSink& sink) override {
-    bool any = false;
-    {
-      std::lock_guard lock(link_->mutex_);
-      link_->polling_ = &state_;
-      struct Done {
-        Link& link;
-        ~Done() { link.polling_ = nullptr; }
-      } done{*link_};
-      any = base_.poll(*link_);
-      taken_.swap(state_.queue);
-      failures_.swap(state_.failures);
-      state_.woken = false;
-    }
-    for (auto& [b, error] : failures_) sink.failed(state_.fromBase[b], std::move(error));
-    failures_.clear();
-    for (Delivery& d : taken_) {
-      const int peer = state_.fromBase[d.peer];
-      if (d.copied) {
-        auto& copies = copies_[peer];
-        auto free = std::find_if(copies.begin(), copies.end(),
-                                 [](const auto& c) { return c.empty() && c.capacity() == 0; });
-        if (free == copies.end()) {
-          copies.emplace_back();
-          free = copies.end() - 1;
-        }
-        *free = std::move(d.copy);
-        if (free->empty()) free->push_back(0);  // an empty payload still names a copy
-        d.in.slot = slots_ + static_cast<int>(free - copies.begin());
-      } else {
-        held_[peer].push_back(d.in.slot);
-      }
-      sink.arrived(peer, d.in);
-      any = true;
-    }
-    taken_.clear();
-    return any;
-  }
-  bool flushCredits() override {
-    std::lock_guard lock(link_->mutex_);
-    return base_.flushCredits();
-  }
-  std::vector<int> takeDisconnected() override {
-    std::vector<int> gone;
-    std::lock_guard lock(link_->mutex_);
-    link_->takeDepartures();
-    for (int b : state_.disconnected) gone.push_back(state_.fromBase[b]);
-    state_.disconnected.clear();
-    return gone;
-  }
-  Departure departure(int peer) const override {
-    std::lock_guard lock(link_->mutex_);
-    return base_.departure(linkRank(peer));
-  }
-
-  void arm() override {
-    std::lock_guard lock(link_->mutex_);
-    base_.arm();
-  }
-  void disarm() override {
-    std::lock_guard lock(link_->mutex_);
-    base_.disarm();
-  }
-  EventFds eventFds() const override {
-    EventFds fds;
-    {
-      std::lock_guard lock(link_->mutex_);
-      fds = base_.eventFds();
-    }
-    auto free = std::find(fds.begin(), fds.end(), -1);
-    if (free == fds.end()) throw Error(ErrorKind::Internal, "more event descriptors than fit");
-    *free = wake_.get();
-    return fds;
-  }
-  void consumeEvents() override {
-    uint64_t count = 0;
-    [[maybe_unused]] ssize_t n = ::read(wake_.get(), &count, sizeof count);
-    std::lock_guard lock(link_->mutex_);
-    base_.consumeEvents();
-  }
-  // The connections stay for the other groups: what this group posted
-  // lands on its own.
-  void drain(const std::vector<bool>&) override {}
-  void probe(int peer) override {
-    std::lock_guard lock(link_->mutex_);
-    base_.probe(linkRank(peer));
-  }
-  void prepare(int peer) override {
-    std::lock_guard lock(link_->mutex_);
-    base_.prepare(linkRank(peer));
-  }
-  std::string describePeer(int peer) const override {
-    std::lock_guard lock(link_->mutex_);
-    const int b = linkRank(peer);
-    return fmt::format(
-        "{} (shared with {} group(s); {} slot(s) held by them, this group's "
-        "channel {})",
-        base_.describePeer(b), link_->open_.size(), link_->held_[b], id_);
-  }
-  bool contended(int peer) const override {
-    const int b = linkRank(peer);
-    std::lock_guard lock(link_->mutex_);
-    return link_->contended(b);
-  }
-  bool anyContended() const override {
-    return link_->channels_.load(std::memory_order_relaxed) > 1 &&
-           link_->contendedPeers_.load(std::memory_order_relaxed) > 0;
-  }
-  uint64_t contention() const override {
-    return link_->contention_.load(std::memory_order_relaxed);
-  }
-  std::optional<std::chrono::microseconds> pollingSleep() override {
-    std::lock_guard lock(link_->mutex_);
-    return base_.pollingSleep();
-  }
-  // The founding group's one-shot board stays its own (its entries follow
-  // its collectives' sequence numbers); it posts through the shared queues,
-  // so under the link's mutex too.
-  Board* board() noexcept override {
-    if (id_ != 0) return nullptr;
-    std::lock_guard lock(link_->mutex_);
-    board_ = base_.board();
-    return board_ != nullptr ? this : nullptr;
-  }
-
- private:
-  int linkRank(int peer) const {
-    const int b = peer >= 0 && peer < static_cast<int>(toBase_.size()) ? toBase_[peer] : -1;
-    if (b < 0) {
-      throw Error(ErrorKind::Internal,
-                  fmt::format("group rank {} is not carried by the shared connections", peer));
-    }
-    return b;
-  }
-
-  size_t maxBytes() const noexcept override { return board_->maxBytes(); }
-  bool writable(uint64_t sequence) override {
-    std::lock_guard lock(link_->mutex_);
-    return board_->writable(sequence);
-  }
-  void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override {
-    std::lock_guard lock(link_->mutex_);
-    board_->post(sequence, check, data, bytes);
-  }
-  const uint8_t* mine(uint64_t sequence) const override {
-    std::lock_guard lock(link_->mutex_);
-    return board_->mine(sequence);
-  }
-  const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override {
-    std::lock_guard lock(link_->mutex_);
-    return board_->peek(linkRank(peer), sequence, check, bytes);
-  }
-  void consumed(uint64_t sequence) override {
-    std::lock_guard lock(link_->mutex_);
-    board_->consumed(sequence);
-  }
-  void engineWaits(bool waits) override {
-    std::lock_guard lock(link_->mutex_);
-    board_->engineWaits(waits);
-  }
-  bool quiet() const override {
-    std::lock_guard lock(link_->mutex_);
-    return board_->quiet();
-  }
-  bool exclusive() const noexcept override { return true; }
-
-  std::shared_ptr<Link> link_;
-  Transport& base_;
-  const uint32_t id_;
-  const int rank_;
-  const std::vector<int> toBase_;  // group rank -> link rank
-  const int slots_;
-  size_t reserve_ = 0;
-  std::vector<std::vector<int>> held_;                     // by group rank: base slots delivered
-  std::vector<std::vector<std::vector<uint8_t>>> copies_;  // by group rank
-  EventFd wake_;
-  Open state_;                   // in link_->open_ while the channel lives
-  std::vector<Delivery> taken_;  // poll's, reused
-  std::vector<std::pair<int, Error>> failures_;
-  Board* board_ = nullptr;
-};
+size_t Link::earlyCost(size_t payload) {
+  return std::max(payload, wire::kHeaderBytes);
+}
 
 Link::Link(std::unique_ptr<Transport> base, int rank, int size, size_t unexpectedBytes,
            std::shared_ptr<void> resources)
@@ -368,10 +52,6 @@ Link::~Link() {
 uint32_t Link::nextChannel() const {
   std::lock_guard lock(mutex_);
   return next_;
-}
-
-std::unique_ptr<Transport> Link::open(uint32_t channel, int rank, std::vector<int> toBase) {
-  return std::make_unique<Channel>(shared_from_this(), channel, rank, std::move(toBase));
 }
 
 size_t Link::heldSlots(int linkPeer) const {
@@ -454,6 +134,28 @@ void Link::notify(Open& o) {
   [[maybe_unused]] ssize_t n = ::write(o.wake, &one, sizeof one);
 }
 
+bool Link::leaveToAnother(const Open& self) {
+  const auto now = Clock::now();
+  auto busy = [&](const Open& o) { return now - o.sentAt < kBusy; };
+  auto holds = [](const Open& o) { return o.armed && !o.lent; };
+  for (const auto& [channel, o] : open_) {
+    if (o == &self) continue;
+    const bool serves = holds(*o) || (!o->armed && now - o->polled < kPollerGap);
+    if (serves && (busy(*o) || !busy(self))) return true;
+  }
+  // `self` takes the channel: idle groups' sleepers on it leave it.
+  for (auto& [channel, o] : open_) {
+    if (o != &self && holds(*o) && !busy(*o)) notify(*o);
+  }
+  return false;
+}
+
+void Link::completionsFor(const Open& self) {
+  for (auto& [channel, o] : open_) {
+    if (o != &self && o->sent) notify(*o);
+  }
+}
+
 void Link::takeDepartures() {
   for (int peer : base_->takeDisconnected()) {
     if (departed_[peer]) continue;
@@ -482,6 +184,10 @@ void Link::close(uint32_t channel, const std::vector<std::pair<int, int>>& held)
   }
   open_.erase(channel);
   --channels_;
+  // Sleepers may have relied on the group's thread.
+  for (auto& [other, p] : open_) {
+    if (p->lent) notify(*p);
+  }
 }
 
 }  // namespace rdmacc

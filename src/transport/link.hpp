@@ -14,9 +14,18 @@
 // group's thread polls; arrivals for the other groups wait in their queues
 // and wake them through their own eventfd. A channel's own state is used by
 // its group's progress thread only.
+//
+// Sleeping: one thread per link waits on the completion channel, a busy
+// group's if any. A group that goes to sleep while another group's thread
+// polls the link or sleeps on the channel, and is idle or that one is busy
+// too, waits on its eventfd only and is handed what arrives for it.
+// Otherwise each completion would wake every group's thread, and an idle
+// one would poll and hand the busy group its messages: a hand-off between
+// threads per message (decision 019).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -74,7 +83,19 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
     std::vector<int> disconnected;                // link ranks
     int wake = -1;                                // the channel's eventfd
     bool woken = false;                           // written since the channel last took its queue
+    bool armed = false;                           // its thread sleeps (arm() to consumeEvents())
+    bool sent = false;  // tried to send since its last poll: credits and completions matter to it
+    // Armed, leaving the completion channel to another channel's thread:
+    // waits on its eventfd only.
+    bool lent = false;
+    std::chrono::steady_clock::time_point polled;  // its last poll of the base
+    std::chrono::steady_clock::time_point sentAt;  // its last message
   };
+
+  // What an early message counts against RDMACC_UNEXPECTED_BYTES: at least
+  // a header's worth, so that a peer's stream of empty messages for a
+  // channel never opened here stays bounded too.
+  static size_t earlyCost(size_t payload);
 
   // Under mutex_: the base's poll delivers here.
   void arrived(int peer, const Incoming& in) override;
@@ -82,6 +103,16 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // Under mutex_: hands queued work to `o` and wakes it unless it is polling.
   void notify(Open& o);
   void takeDepartures();
+  // Under mutex_: `self`'s poll of the base found something: the other
+  // channels that sent since their own last poll are woken to look (credits
+  // or finished writes of theirs may be among it).
+  void completionsFor(const Open& self);
+  // Under mutex_, when `self`'s thread goes to sleep: whether another
+  // channel's thread that polls the base without sleeping, or sleeps on the
+  // completion channel, serves it (one of a busy group, or `self`'s group is
+  // idle too). If not, `self` takes the channel, and idle groups' threads
+  // that sleep on it are woken to leave it.
+  bool leaveToAnother(const Open& self);
   // Under mutex_: a link peer's slots held by channels change by `delta`;
   // at half of them the connection is contended (Transport::contended).
   void hold(int peer, int delta);

@@ -178,10 +178,11 @@ class Transport {
   virtual std::vector<int> takeDisconnected() = 0;
   virtual Departure departure(int peer) const = 0;
 
-  // Sleeping: arm() asks for an event on the next arrival; eventFds() are
-  // readable on one (or on a disconnect), -1 for none, the same for the
-  // transport's life; consumeEvents() acknowledges them after a wake-up, and
-  // disarm() withdraws arm() when the thread did not sleep after all.
+  // Sleeping: arm() asks for an event on the next arrival; eventFds(), asked
+  // after each arm() (a shared link's may differ from one to the next), are
+  // readable on one (or on a disconnect), -1 for none; consumeEvents()
+  // acknowledges them after a wake-up, and disarm() withdraws arm() when the
+  // thread did not sleep after all.
   virtual void arm() = 0;
   virtual void disarm() = 0;
   virtual EventFds eventFds() const = 0;

@@ -48,7 +48,12 @@ class FakeNetwork::Fake final : public Transport {
   Departure departure(int) const override {
     return Departure{.call = "fake network", .status = "process exited"};
   }
-  void arm() override {}
+  void arm() override {
+    std::lock_guard lock(net_->mutex_);
+    Rank& me = net_->ranks_[static_cast<size_t>(rank_)];
+    me.armed = true;
+    ++me.arms;
+  }
   void disarm() override {}
   EventFds eventFds() const override {
     EventFds fds;
@@ -109,6 +114,13 @@ void FakeNetwork::signal(int rank) {
   (void)!::write(ranks_[static_cast<size_t>(rank)].wake, &one, sizeof one);
 }
 
+void FakeNetwork::completion(int rank) {
+  Rank& r = ranks_[static_cast<size_t>(rank)];
+  if (!r.armed) return;
+  r.armed = false;
+  signal(rank);
+}
+
 bool FakeNetwork::trySend(int from, int to, const wire::Header& h, const uint8_t* data) {
   std::lock_guard lock(mutex_);
   Rank& sender = ranks_[static_cast<size_t>(from)];
@@ -132,7 +144,7 @@ bool FakeNetwork::trySend(int from, int to, const wire::Header& h, const uint8_t
   int& most = maxOccupied_[static_cast<size_t>(from)][static_cast<size_t>(to)];
   most = std::max(most, occupied);
   ++messages_[static_cast<size_t>(from)][static_cast<size_t>(to)];
-  signal(to);
+  completion(to);
   return true;
 }
 
@@ -169,7 +181,7 @@ void FakeNetwork::release(int rank, int peer, int slot) {
       .slots[static_cast<size_t>(peer)][static_cast<size_t>(slot)]
       .busy = false;
   --occupied_[static_cast<size_t>(peer)][static_cast<size_t>(rank)];
-  signal(peer);  // the sender may be waiting for this credit
+  completion(peer);  // the sender may be waiting for this credit
 }
 
 void FakeNetwork::kill(int rank) {
@@ -189,6 +201,11 @@ void FakeNetwork::failTransfer(int rank, int peer, const std::string& why) {
   std::lock_guard lock(mutex_);
   ranks_[static_cast<size_t>(rank)].failures.emplace_back(peer, why);
   signal(rank);
+}
+
+size_t FakeNetwork::arms(int rank) const {
+  std::lock_guard lock(mutex_);
+  return ranks_[static_cast<size_t>(rank)].arms;
 }
 
 int FakeNetwork::maxOccupied(int from, int to) const {

@@ -44,6 +44,8 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
   // Transport::prepare, "send P" for the first message to P of each run of
   // messages to it.
   std::vector<std::string> journal(int rank) const;
+  // How often `rank`'s transport was armed (Transport::arm).
+  size_t arms(int rank) const;
 
  private:
   class Fake;
@@ -66,13 +68,20 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
     size_t reserved = 0;
     std::chrono::microseconds pollDelay{0};
     bool dead = false;
-    int wake = -1;  // eventfd
+    int wake = -1;       // eventfd
+    bool armed = false;  // the next arrival or credit writes `wake`
+    size_t arms = 0;
     std::vector<std::string> journal;
   };
   bool trySend(int from, int to, const wire::Header& h, const uint8_t* data);
   bool poll(int rank, TransportSink& sink);
   void release(int rank, int peer, int slot);
+  // Under mutex_. signal(): a departure or failure, which wakes a sleeper
+  // whether armed or not (RDMA: the rdma_cm and async event channels).
+  // completion(): an arrival or a credit, which wakes one only once armed,
+  // and once per arm (a completion channel).
   void signal(int rank);
+  void completion(int rank);
 
   const int size_;
   const int slotsPerPeer_;

@@ -5,6 +5,7 @@
 #include "src/transport/link.hpp"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <chrono>
 #include <memory>
@@ -47,6 +48,29 @@ struct Links {
                       .size = static_cast<int>(members.size())});
   }
 };
+
+// What a channel's poll delivered, for tests that poll channels themselves.
+struct Arrivals final : TransportSink {
+  std::vector<std::pair<int, Incoming>> got;
+  std::vector<std::pair<int, std::string>> failures;
+  void arrived(int peer, const Incoming& in) override { got.emplace_back(peer, in); }
+  void failed(int peer, Error error) override { failures.emplace_back(peer, error.what()); }
+};
+
+// The descriptors a channel's thread would sleep on now (after arm()).
+std::vector<int> sleepsOn(const Transport& channel) {
+  std::vector<int> fds;
+  for (int fd : channel.eventFds()) {
+    if (fd >= 0) fds.push_back(fd);
+  }
+  return fds;
+}
+
+// Whether a channel's own wake-up descriptor (its last) is set.
+bool woken(const Transport& channel) {
+  pollfd wake{sleepsOn(channel).back(), POLLIN, 0};
+  return ::poll(&wake, 1, 0) == 1;
+}
 
 // Rank r's input to an allreduce of `n` values in group `g`.
 std::vector<int32_t> input(int g, int r, size_t n) {
@@ -251,6 +275,79 @@ TEST(Link, OneGroupsUnreceivedMessagesDoNotBlockAnother) {
   for (auto& r : received) EXPECT_TRUE(sub1->submit(pointToPoint(false, 0, 3, r))->wait());
   for (auto& w : sends) EXPECT_TRUE(w->wait());
   EXPECT_EQ(received, sent);
+}
+
+// One thread per link sleeps on the completion channel, a busy group's if
+// any: else every completion would wake two threads, or an idle group's
+// thread would hand the busy group each message. A group that goes to
+// sleep while another group's thread polls the link or sleeps on the
+// channel, and is idle or that one is busy too, waits on its own eventfd,
+// to which the other thread hands its arrivals.
+TEST(Link, OneSleeperPerLinkWaitsOnTheCompletionChannel) {
+  Links links(2, /*slots=*/4, /*slotBytes=*/256);
+  auto world = links.of[0]->open(0, 0, {0, 1});
+  auto sub = links.of[0]->open(1, 0, {0, 1});
+  auto peerWorld = links.of[1]->open(0, 1, {0, 1});
+  const size_t all = sleepsOn(*world).size();  // the fake's descriptor and the channel's
+  Arrivals worldGot, subGot;
+  size_t arms = links.net->arms(0);
+  // An idle group relies on a thread that polls.
+  sub->poll(subGot);
+  world->arm();
+  EXPECT_EQ(links.net->arms(0), arms);
+  EXPECT_EQ(sleepsOn(*world).size(), 1u);  // its eventfd only
+  const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 7};
+  ASSERT_TRUE(peerWorld->trySend(0, h, nullptr));
+  sub->poll(subGot);
+  EXPECT_TRUE(subGot.got.empty());
+  EXPECT_TRUE(woken(*world));
+  world->consumeEvents();
+  world->poll(worldGot);
+  ASSERT_EQ(worldGot.got.size(), 1u);
+  EXPECT_EQ(worldGot.got[0].second.header.sequence, 7u);
+  world->release(1, worldGot.got[0].second.slot);
+  // Alone (the poll is past the gap), it sleeps on the channel itself.
+  std::this_thread::sleep_for(3ms);
+  world->arm();
+  EXPECT_EQ(links.net->arms(0), ++arms);
+  EXPECT_EQ(sleepsOn(*world).size(), all);
+  // A busy group takes the channel from an idle one, which is woken to
+  // sleep again relying on it.
+  ASSERT_TRUE(sub->trySend(1, h, nullptr));
+  EXPECT_FALSE(woken(*world));
+  sub->arm();
+  EXPECT_EQ(links.net->arms(0), ++arms);
+  EXPECT_EQ(sleepsOn(*sub).size(), all);
+  EXPECT_TRUE(woken(*world));
+  world->consumeEvents();
+  world->arm();
+  EXPECT_EQ(links.net->arms(0), arms);
+  EXPECT_EQ(sleepsOn(*world).size(), 1u);
+  // A busy group does not rely on an idle group's thread.
+  sub->consumeEvents();
+  world->consumeEvents();
+  world->poll(worldGot);
+  sub->arm();
+  EXPECT_EQ(links.net->arms(0), ++arms);
+  sub->disarm();
+}
+
+// A link peer that names the channel of a group it is not in: its messages
+// are dropped and their slots go back (they would otherwise fill this rank's
+// slots with messages no group takes, or reach a group as from no rank).
+TEST(Link, AMessageOnAChannelItsSenderIsNotInIsDropped) {
+  Links links(3, /*slots=*/2, /*slotBytes=*/256);
+  auto pair = links.of[0]->open(1, 0, {0, 1});      // ranks 0 and 1
+  auto intruder = links.of[2]->open(1, 0, {2, 0});  // rank 2 claims it with rank 0
+  Arrivals got;
+  const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 1};
+  for (int m = 0; m < 5; ++m) {  // more than rank 0's two slots for rank 2
+    ASSERT_TRUE(intruder->trySend(1, h, nullptr)) << "message " << m;
+    pair->poll(got);
+  }
+  EXPECT_TRUE(got.got.empty());
+  EXPECT_EQ(links.of[0]->heldSlots(2), 0u);
+  EXPECT_EQ(links.net->messages(2, 0), 5);
 }
 
 TEST(Link, AChannelIsOpenedOncePerLink) {

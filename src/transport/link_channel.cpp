@@ -1,0 +1,372 @@
+// Link::Channel: a group's Transport over a Link (src/transport/link.hpp).
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "src/transport/link.hpp"
+
+namespace rdmacc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A channel's wake-up descriptor, closed with it.
+class EventFd {
+ public:
+  EventFd() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~EventFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  EventFd(const EventFd&) = delete;
+  EventFd& operator=(const EventFd&) = delete;
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+// A group's transport over the link. Slot numbers from the base's
+// slotsPerPeer() up name copies this channel holds (early messages copied
+// out of their slots before the channel opened).
+class Link::Channel final : public Transport, private Board {
+ public:
+  Channel(std::shared_ptr<Link> link, uint32_t id, int rank, std::vector<int> toBase)
+      : link_(std::move(link)),
+        base_(*link_->base_),
+        id_(id),
+        rank_(rank),
+        toBase_(std::move(toBase)),
+        slots_(base_.slotsPerPeer()),
+        held_(toBase_.size()),
+        copies_(toBase_.size()) {
+    if (!wake_) {
+      throw errnoError(ErrorKind::Internal, "eventfd", errno, "a channel's wake-up descriptor");
+    }
+    state_.wake = wake_.get();
+    state_.fromBase.assign(static_cast<size_t>(link_->size_), -1);
+    for (size_t r = 0; r < toBase_.size(); ++r) {
+      const int b = toBase_[r];
+      if (b < -1 || b >= link_->size_ || (b >= 0 && state_.fromBase[b] >= 0)) {
+        throw Error(ErrorKind::Internal,
+                    fmt::format("group rank {} maps to link rank {} of {}", r, b, link_->size_));
+      }
+      if (b >= 0) state_.fromBase[b] = static_cast<int>(r);
+    }
+    if (rank_ < 0 || rank_ >= static_cast<int>(toBase_.size()) || toBase_[rank_] != link_->rank_) {
+      throw Error(
+          ErrorKind::Internal,
+          fmt::format("this process is link rank {}, not group rank {}'s", link_->rank_, rank_));
+    }
+    std::lock_guard lock(link_->mutex_);
+    if (id_ < link_->next_ || link_->open_.contains(id_)) {
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("channel {} of the shared connections was opened before", id_));
+    }
+    link_->next_ = id_ + 1;
+    link_->open_[id_] = &state_;
+    ++link_->channels_;
+    // Early arrivals, and what the connections suffered before.
+    std::erase_if(link_->early_, [&](auto& early) {
+      if (early.first != id_) return false;
+      if (early.second.copied)
+        link_->earlyBytes_ -= earlyCost(early.second.in.header.payload);
+      else
+        link_->hold(early.second.peer, 1);
+      state_.queue.push_back(std::move(early.second));
+      return true;
+    });
+    for (int b = 0; b < link_->size_; ++b) {
+      if (state_.fromBase[b] < 0) continue;
+      if (link_->dead_[b]) state_.failures.emplace_back(b, *link_->dead_[b]);
+      if (link_->departed_[b]) state_.disconnected.push_back(b);
+    }
+  }
+
+  ~Channel() override {
+    std::vector<std::pair<int, int>> held;  // (link rank, slot)
+    for (size_t r = 0; r < held_.size(); ++r) {
+      for (int slot : held_[r]) held.emplace_back(toBase_[r], slot);
+    }
+    link_->close(id_, held);
+  }
+
+  size_t chunkBytes() const noexcept override { return base_.chunkBytes(); }
+  int slotsPerPeer() const noexcept override { return slots_; }
+  const std::string& peerAddress(int peer) const override {
+    std::lock_guard lock(link_->mutex_);
+    return base_.peerAddress(linkRank(peer));
+  }
+  // Zero-copy and direct writes use registrations of the founding group's
+  // (its protection domain); the other groups' messages go through slots.
+  DirectWrites directWrites(int peer) const override {
+    if (id_ != 0) return DirectWrites::None;
+    std::lock_guard lock(link_->mutex_);
+    return base_.directWrites(linkRank(peer));
+  }
+  size_t sendBurst(int peer) const override {
+    std::lock_guard lock(link_->mutex_);
+    return base_.sendBurst(linkRank(peer));
+  }
+
+  bool trySend(int peer, const wire::Header& header, const uint8_t* data,
+               const std::shared_ptr<ZeroCopyWrites>& zeroCopy,
+               std::optional<DirectTarget> direct) override {
+    wire::Header h = header;
+    h.channel = id_;
+    const int b = linkRank(peer);
+    std::lock_guard lock(link_->mutex_);
+    state_.sent = true;
+    base_.reserveCredits(reserve_);
+    struct Reset {
+      Transport& t;
+      ~Reset() { t.reserveCredits(0); }
+    } reset{base_};
+    // Zero-copy and direct writes use registrations in the founding group's
+    // protection domain, through its registration cache, which goes with
+    // that group: only channel 0 (that group, while it is open) may ask the
+    // base for them. Without `zeroCopy` the base never reads the cache.
+    const bool sent = id_ != 0 ? base_.trySend(b, h, data, nullptr, std::nullopt)
+                               : base_.trySend(b, h, data, zeroCopy, direct);
+    if (sent) state_.sentAt = Clock::now();
+    return sent;
+  }
+  void reserveCredits(size_t slots) override { reserve_ = slots; }
+
+  const uint8_t* payload(int peer, int slot) const override {
+    if (slot >= slots_) return copies_[peer][static_cast<size_t>(slot - slots_)].data();
+    std::lock_guard lock(link_->mutex_);
+    return base_.payload(linkRank(peer), slot);
+  }
+  void release(int peer, int slot) override {
+    if (slot >= slots_) {
+      auto& copy = copies_[peer][static_cast<size_t>(slot - slots_)];
+      copy.clear();
+      copy.shrink_to_fit();
+      return;
+    }
+    auto& held = held_[peer];
+    auto it = std::find(held.begin(), held.end(), slot);
+    if (it != held.end()) held.erase(it);
+    const int b = linkRank(peer);
+    std::lock_guard lock(link_->mutex_);
+    link_->hold(b, -1);
+    base_.release(b, slot);
+  }
+
+  // What moved is this group's own: what this poll handed on to other
+  // groups is not progress here (an idle group's thread that counted it
+  // would spin as long as another group is busy, and contend with it for
+  // the link). Completions (credits, finished writes) matter to the groups
+  // that sent since they last looked; the others that did are woken.
+  bool poll(TransportSink& sink) override {
+    bool any = false;
+    {
+      std::lock_guard lock(link_->mutex_);
+      link_->polling_ = &state_;
+      state_.polled = Clock::now();
+      struct Done {
+        Link& link;
+        ~Done() { link.polling_ = nullptr; }
+      } done{*link_};
+      if (base_.poll(*link_)) {
+        any = state_.sent;
+        link_->completionsFor(state_);
+      }
+      state_.sent = false;
+      taken_.swap(state_.queue);
+      failures_.swap(state_.failures);
+      state_.woken = false;
+    }
+    for (auto& [b, error] : failures_) sink.failed(state_.fromBase[b], std::move(error));
+    failures_.clear();
+    for (Delivery& d : taken_) {
+      const int peer = state_.fromBase[d.peer];
+      if (d.copied) {
+        auto& copies = copies_[peer];
+        auto free = std::find_if(copies.begin(), copies.end(),
+                                 [](const auto& c) { return c.empty() && c.capacity() == 0; });
+        if (free == copies.end()) {
+          copies.emplace_back();
+          free = copies.end() - 1;
+        }
+        *free = std::move(d.copy);
+        if (free->empty()) free->push_back(0);  // an empty payload still names a copy
+        d.in.slot = slots_ + static_cast<int>(free - copies.begin());
+      } else {
+        held_[peer].push_back(d.in.slot);
+      }
+      sink.arrived(peer, d.in);
+      any = true;
+    }
+    taken_.clear();
+    return any;
+  }
+  bool flushCredits() override {
+    std::lock_guard lock(link_->mutex_);
+    return base_.flushCredits();
+  }
+  std::vector<int> takeDisconnected() override {
+    std::vector<int> gone;
+    std::lock_guard lock(link_->mutex_);
+    link_->takeDepartures();
+    for (int b : state_.disconnected) gone.push_back(state_.fromBase[b]);
+    state_.disconnected.clear();
+    return gone;
+  }
+  Departure departure(int peer) const override {
+    std::lock_guard lock(link_->mutex_);
+    return base_.departure(linkRank(peer));
+  }
+
+  void arm() override {
+    std::lock_guard lock(link_->mutex_);
+    state_.armed = true;
+    state_.lent = link_->leaveToAnother(state_);
+    if (!state_.lent) base_.arm();
+  }
+  void disarm() override {
+    std::lock_guard lock(link_->mutex_);
+    state_.armed = false;
+    state_.lent = false;
+    base_.disarm();
+  }
+  // A sleeper that relies on another group's thread waits for its eventfd
+  // only: were the completion channel among its descriptors, every
+  // completion would wake both threads.
+  EventFds eventFds() const override {
+    EventFds fds;
+    {
+      std::lock_guard lock(link_->mutex_);
+      if (state_.lent)
+        fds.fill(-1);
+      else
+        fds = base_.eventFds();
+    }
+    auto free = std::find(fds.begin(), fds.end(), -1);
+    if (free == fds.end()) throw Error(ErrorKind::Internal, "more event descriptors than fit");
+    *free = wake_.get();
+    return fds;
+  }
+  void consumeEvents() override {
+    uint64_t count = 0;
+    [[maybe_unused]] ssize_t n = ::read(wake_.get(), &count, sizeof count);
+    std::lock_guard lock(link_->mutex_);
+    state_.armed = false;
+    state_.lent = false;
+    base_.consumeEvents();
+  }
+  // The connections stay for the other groups: what this group posted
+  // lands on its own.
+  void drain(const std::vector<bool>&) override {}
+  void probe(int peer) override {
+    std::lock_guard lock(link_->mutex_);
+    base_.probe(linkRank(peer));
+  }
+  void prepare(int peer) override {
+    std::lock_guard lock(link_->mutex_);
+    base_.prepare(linkRank(peer));
+  }
+  std::string describePeer(int peer) const override {
+    std::lock_guard lock(link_->mutex_);
+    const int b = linkRank(peer);
+    return fmt::format(
+        "{} (shared with {} group(s); {} slot(s) held by them, this group's "
+        "channel {})",
+        base_.describePeer(b), link_->open_.size(), link_->held_[b], id_);
+  }
+  bool contended(int peer) const override {
+    const int b = linkRank(peer);
+    std::lock_guard lock(link_->mutex_);
+    return link_->contended(b);
+  }
+  bool anyContended() const override {
+    return link_->channels_.load(std::memory_order_relaxed) > 1 &&
+           link_->contendedPeers_.load(std::memory_order_relaxed) > 0;
+  }
+  uint64_t contention() const override {
+    return link_->contention_.load(std::memory_order_relaxed);
+  }
+  std::optional<std::chrono::microseconds> pollingSleep() override {
+    std::lock_guard lock(link_->mutex_);
+    return base_.pollingSleep();
+  }
+  // The founding group's one-shot board stays its own (its entries follow
+  // its collectives' sequence numbers); it posts through the shared queues,
+  // so under the link's mutex too.
+  Board* board() noexcept override {
+    if (id_ != 0) return nullptr;
+    std::lock_guard lock(link_->mutex_);
+    board_ = base_.board();
+    return board_ != nullptr ? this : nullptr;
+  }
+
+ private:
+  int linkRank(int peer) const {
+    const int b = peer >= 0 && peer < static_cast<int>(toBase_.size()) ? toBase_[peer] : -1;
+    if (b < 0) {
+      throw Error(ErrorKind::Internal,
+                  fmt::format("group rank {} is not carried by the shared connections", peer));
+    }
+    return b;
+  }
+
+  size_t maxBytes() const noexcept override { return board_->maxBytes(); }
+  bool writable(uint64_t sequence) override {
+    std::lock_guard lock(link_->mutex_);
+    return board_->writable(sequence);
+  }
+  void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override {
+    std::lock_guard lock(link_->mutex_);
+    board_->post(sequence, check, data, bytes);
+  }
+  const uint8_t* mine(uint64_t sequence) const override {
+    std::lock_guard lock(link_->mutex_);
+    return board_->mine(sequence);
+  }
+  const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override {
+    std::lock_guard lock(link_->mutex_);
+    return board_->peek(linkRank(peer), sequence, check, bytes);
+  }
+  void consumed(uint64_t sequence) override {
+    std::lock_guard lock(link_->mutex_);
+    board_->consumed(sequence);
+  }
+  void engineWaits(bool waits) override {
+    std::lock_guard lock(link_->mutex_);
+    board_->engineWaits(waits);
+  }
+  bool quiet() const override {
+    std::lock_guard lock(link_->mutex_);
+    return board_->quiet();
+  }
+  bool exclusive() const noexcept override { return true; }
+
+  std::shared_ptr<Link> link_;
+  Transport& base_;
+  const uint32_t id_;
+  const int rank_;
+  const std::vector<int> toBase_;  // group rank -> link rank
+  const int slots_;
+  size_t reserve_ = 0;
+  std::vector<std::vector<int>> held_;                     // by group rank: base slots delivered
+  std::vector<std::vector<std::vector<uint8_t>>> copies_;  // by group rank
+  EventFd wake_;
+  Open state_;                   // in link_->open_ while the channel lives
+  std::vector<Delivery> taken_;  // poll's, reused
+  std::vector<std::pair<int, Error>> failures_;
+  Board* board_ = nullptr;
+};
+
+std::unique_ptr<Transport> Link::open(uint32_t channel, int rank, std::vector<int> toBase) {
+  return std::make_unique<Channel>(shared_from_this(), channel, rank, std::move(toBase));
+}
+
+}  // namespace rdmacc
