@@ -8,7 +8,7 @@ namespace rdmacc {
 void Active::reset() {
   op.reset();
   if (zeroCopy.use_count() == 1) {
-    zeroCopy->ranges.clear();
+    zeroCopy->clear();
   } else {  // a write's record still holds it (failure paths): leave it to that
     zeroCopy = std::make_shared<ZeroCopyWrites>();
   }

@@ -245,7 +245,7 @@ bool Executor::advanceCollective(Active& a, uint32_t oldestSequence) {
   }
   // The epilogue may write the buffers, and the caller may reuse them once
   // the work completes.
-  if (!a.zeroCopy->ranges.empty()) return progress;
+  if (!a.zeroCopy->empty()) return progress;
   if (op.epilogue) op.epilogue();
   a.finished = true;
   traceStage(options_.trace, EventTrace::Stage::Done, false, op.sequence);
@@ -383,7 +383,7 @@ bool Executor::advancePointToPoint(std::vector<std::unique_ptr<Active>>& ops, Ac
     } else {
       progress |= advanceRecv(a);
     }
-    if (a.chunks == messages(op.bytes) && a.zeroCopy->ranges.empty()) {
+    if (a.chunks == messages(op.bytes) && a.zeroCopy->empty()) {
       traceStage(options_.trace, EventTrace::Stage::Finish, true, op.tag, a.source);
       op.work->finish(nullptr, a.source);
       pool.give(std::move(*it));

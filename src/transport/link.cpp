@@ -150,9 +150,19 @@ bool Link::leaveToAnother(const Open& self) {
   return false;
 }
 
+bool Link::Open::awaitsCompletions() {
+  // Writes that completed in the poll just made count once, then go.
+  const bool awaits = sent || !zeroCopies.empty();
+  std::erase_if(zeroCopies, [](const auto& w) {
+    auto writes = w.lock();
+    return !writes || writes->empty();
+  });
+  return awaits;
+}
+
 void Link::completionsFor(const Open& self) {
   for (auto& [channel, o] : open_) {
-    if (o != &self && o->sent) notify(*o);
+    if (o != &self && o->awaitsCompletions()) notify(*o);
   }
 }
 

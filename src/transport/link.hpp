@@ -90,6 +90,12 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
     bool lent = false;
     std::chrono::steady_clock::time_point polled;  // its last poll of the base
     std::chrono::steady_clock::time_point sentAt;  // its last message
+    // Its zero-copy writes' records (channel 0), until their writes are
+    // done: another channel's poll may complete them.
+    std::vector<std::weak_ptr<ZeroCopyWrites>> zeroCopies;
+    // Whether completions matter to it (it sent since its last poll, or had
+    // zero-copy writes in flight); drops the records of finished writes.
+    bool awaitsCompletions();
   };
 
   // What an early message counts against RDMACC_UNEXPECTED_BYTES: at least
@@ -104,8 +110,9 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   void notify(Open& o);
   void takeDepartures();
   // Under mutex_: `self`'s poll of the base found something: the other
-  // channels that sent since their own last poll are woken to look (credits
-  // or finished writes of theirs may be among it).
+  // channels that sent since their own last poll, or wait for zero-copy
+  // writes, are woken to look (credits or finished writes of theirs may be
+  // among it).
   void completionsFor(const Open& self);
   // Under mutex_, when `self`'s thread goes to sleep: whether another
   // channel's thread that polls the base without sleeping, or sleeps on the

@@ -135,8 +135,13 @@ class Link::Channel final : public Transport, private Board {
     // base for them. Without `zeroCopy` the base never reads the cache.
     const bool sent = id_ != 0 ? base_.trySend(b, h, data, nullptr, std::nullopt)
                                : base_.trySend(b, h, data, zeroCopy, direct);
-    if (sent) state_.sentAt = Clock::now();
-    return sent;
+    if (!sent) return false;
+    state_.sentAt = Clock::now();
+    if (zeroCopy && id_ == 0 &&
+        (state_.zeroCopies.empty() || state_.zeroCopies.back().lock() != zeroCopy)) {
+      state_.zeroCopies.emplace_back(zeroCopy);
+    }
+    return true;
   }
   void reserveCredits(size_t slots) override { reserve_ = slots; }
 

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,18 +31,38 @@ namespace rdmacc {
 // An operation's zero-copy writes still in flight: the hardware may still be
 // reading those bytes, so the operation does not write over them (receives,
 // Avg's division, its epilogue) and does not complete until they are done.
-struct ZeroCopyWrites {
-  std::vector<std::pair<const uint8_t*, size_t>> ranges;
+// Locked: on connections that groups share (src/transport/link.hpp) a write
+// completes in whichever group's thread polls, not the operation's.
+class ZeroCopyWrites {
+ public:
+  void add(const uint8_t* p, size_t n) {
+    std::lock_guard lock(mutex_);
+    ranges_.emplace_back(p, n);
+  }
+  void done(const uint8_t* p, size_t n) {
+    std::lock_guard lock(mutex_);
+    auto it = std::find(ranges_.begin(), ranges_.end(), std::make_pair(p, n));
+    if (it != ranges_.end()) ranges_.erase(it);
+  }
   bool overlaps(const uint8_t* p, size_t n) const {
-    for (const auto& [q, m] : ranges) {
+    std::lock_guard lock(mutex_);
+    for (const auto& [q, m] : ranges_) {
       if (p < q + m && q < p + n) return true;
     }
     return false;
   }
-  void done(const uint8_t* p, size_t n) {
-    auto it = std::find(ranges.begin(), ranges.end(), std::make_pair(p, n));
-    if (it != ranges.end()) ranges.erase(it);
+  bool empty() const {
+    std::lock_guard lock(mutex_);
+    return ranges_.empty();
   }
+  void clear() {
+    std::lock_guard lock(mutex_);
+    ranges_.clear();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::pair<const uint8_t*, size_t>> ranges_;
 };
 
 // How a peer can write payloads straight into this rank's destinations.

@@ -121,7 +121,7 @@ bool RdmaTransport::trySend(int to, const Header& header, const uint8_t* data,
   if (count == 2) posted(lane, -1, false);  // the direct payload write
   if (header.kind == MessageKind::Collective) p.nextLane = (p.nextLane + 1) % p.lanes.size();
   if (registration) {
-    owner->ranges.emplace_back(data, header.payload);
+    owner->add(data, header.payload);
     p.slotWrites[static_cast<size_t>(staging)] =
         SlotWrite{std::move(registration), owner, data, header.payload};
   }

@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -24,8 +25,9 @@ class FakeNetwork::Fake final : public Transport {
   }
   DirectWrites directWrites(int) const override { return DirectWrites::None; }
   bool trySend(int peer, const wire::Header& header, const uint8_t* data,
-               const std::shared_ptr<ZeroCopyWrites>&, std::optional<DirectTarget>) override {
-    return net_->trySend(rank_, peer, header, data);
+               const std::shared_ptr<ZeroCopyWrites>& zeroCopy,
+               std::optional<DirectTarget>) override {
+    return net_->trySend(rank_, peer, header, data, zeroCopy);
   }
   void reserveCredits(size_t slots) override {
     std::lock_guard lock(net_->mutex_);
@@ -121,7 +123,8 @@ void FakeNetwork::completion(int rank) {
   signal(rank);
 }
 
-bool FakeNetwork::trySend(int from, int to, const wire::Header& h, const uint8_t* data) {
+bool FakeNetwork::trySend(int from, int to, const wire::Header& h, const uint8_t* data,
+                          const std::shared_ptr<ZeroCopyWrites>& zeroCopy) {
   std::lock_guard lock(mutex_);
   Rank& sender = ranks_[static_cast<size_t>(from)];
   Rank& receiver = ranks_[static_cast<size_t>(to)];
@@ -144,6 +147,10 @@ bool FakeNetwork::trySend(int from, int to, const wire::Header& h, const uint8_t
   int& most = maxOccupied_[static_cast<size_t>(from)][static_cast<size_t>(to)];
   most = std::max(most, occupied);
   ++messages_[static_cast<size_t>(from)][static_cast<size_t>(to)];
+  if (zeroCopy && sender.zeroCopy && h.payload > 0) {
+    zeroCopy->add(data, h.payload);
+    sender.writes.push_back(Rank::Write{zeroCopy, data, h.payload});
+  }
   completion(to);
   return true;
 }
@@ -156,15 +163,22 @@ void FakeNetwork::setPollDelay(int rank, std::chrono::microseconds delay) {
 bool FakeNetwork::poll(int rank, TransportSink& sink) {
   std::deque<Pending> arrivals;
   std::vector<std::pair<int, std::string>> failures;
+  std::vector<Rank::Write> writes;
   std::chrono::microseconds delay{0};
   {
     std::lock_guard lock(mutex_);
     Rank& me = ranks_[static_cast<size_t>(rank)];
     arrivals.swap(me.arrivals);
     failures.swap(me.failures);
+    for (auto& w : me.writes) ++w.polls;
+    auto inFlight = std::partition(me.writes.begin(), me.writes.end(),
+                                   [](const Rank::Write& w) { return w.polls >= 2; });
+    writes.assign(me.writes.begin(), inFlight);
+    me.writes.erase(me.writes.begin(), inFlight);
     delay = me.pollDelay;
   }
   if (delay.count() > 0) std::this_thread::sleep_for(delay);
+  for (const auto& w : writes) w.owner->done(w.data, w.bytes);
   // Outside the lock: the sink may send (and so take it).
   for (const Pending& p : arrivals) {
     sink.arrived(p.from, Incoming{.slot = p.slot, .header = p.header, .arrival = p.arrival});
@@ -172,7 +186,12 @@ bool FakeNetwork::poll(int rank, TransportSink& sink) {
   for (auto& [peer, why] : failures) {
     sink.failed(peer, Error(ErrorKind::Completion, why));
   }
-  return !arrivals.empty() || !failures.empty();
+  return !arrivals.empty() || !failures.empty() || !writes.empty();
+}
+
+void FakeNetwork::setZeroCopy(int rank, bool on) {
+  std::lock_guard lock(mutex_);
+  ranks_[static_cast<size_t>(rank)].zeroCopy = on;
 }
 
 void FakeNetwork::release(int rank, int peer, int slot) {

@@ -46,6 +46,11 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
   std::vector<std::string> journal(int rank) const;
   // How often `rank`'s transport was armed (Transport::arm).
   size_t arms(int rank) const;
+  // `rank`'s sends with a ZeroCopyWrites record are zero-copy (as from
+  // registered memory over RDMA): recorded in it until the second poll of
+  // `rank`'s transport after the send completes them (the first finds them
+  // in flight). Off by default.
+  void setZeroCopy(int rank, bool on);
 
  private:
   class Fake;
@@ -67,13 +72,22 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
     std::set<int> gone;
     size_t reserved = 0;
     std::chrono::microseconds pollDelay{0};
+    bool zeroCopy = false;
+    struct Write {
+      std::shared_ptr<ZeroCopyWrites> owner;
+      const uint8_t* data;
+      size_t bytes;
+      int polls = 0;  // polls of the sender's since the send
+    };
+    std::vector<Write> writes;  // zero-copy, not completed yet
     bool dead = false;
     int wake = -1;       // eventfd
     bool armed = false;  // the next arrival or credit writes `wake`
     size_t arms = 0;
     std::vector<std::string> journal;
   };
-  bool trySend(int from, int to, const wire::Header& h, const uint8_t* data);
+  bool trySend(int from, int to, const wire::Header& h, const uint8_t* data,
+               const std::shared_ptr<ZeroCopyWrites>& zeroCopy);
   bool poll(int rank, TransportSink& sink);
   void release(int rank, int peer, int slot);
   // Under mutex_. signal(): a departure or failure, which wakes a sleeper

@@ -332,6 +332,32 @@ TEST(Link, OneSleeperPerLinkWaitsOnTheCompletionChannel) {
   sub->disarm();
 }
 
+// The founding group's zero-copy write may complete in another group's
+// poll: its record is changed there (locked: its own thread reads it
+// meanwhile), and the founding group is woken to see the write done.
+TEST(Link, AZeroCopyWriteCompletedInAnotherGroupsPollWakesItsGroup) {
+  Links links(2, /*slots=*/4, /*slotBytes=*/256);
+  links.net->setZeroCopy(0, true);
+  auto world = links.of[0]->open(0, 0, {0, 1});
+  auto sub = links.of[0]->open(1, 0, {0, 1});
+  Arrivals worldGot, subGot;
+  const std::vector<uint8_t> data(100, 3);
+  auto writes = std::make_shared<ZeroCopyWrites>();
+  const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 2, .payload = 100};
+  ASSERT_TRUE(world->trySend(1, h, data.data(), writes));
+  world->poll(worldGot);  // the write is still in flight
+  ASSERT_FALSE(writes->empty());
+  world->consumeEvents();
+  std::thread other([&] { sub->poll(subGot); });
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!writes->empty() && std::chrono::steady_clock::now() < until) {
+    (void)writes->overlaps(data.data(), data.size());  // as its executor does
+  }
+  other.join();
+  EXPECT_TRUE(writes->empty());
+  EXPECT_TRUE(woken(*world));
+}
+
 // A link peer that names the channel of a group it is not in: its messages
 // are dropped and their slots go back (they would otherwise fill this rank's
 // slots with messages no group takes, or reach a group as from no rank).
