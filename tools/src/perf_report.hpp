@@ -33,6 +33,7 @@ struct Args {
   // job's (as torch's new_group), over its connections with
   // RDMACC_SHARE_CONNECTIONS=1 (docs/decisions/019).
   bool secondGroup = false;
+  bool secondGroupAlone = false;  // the job's group is destroyed once the second formed
   std::string json;
   std::string csv;      // appended to (header when the file is new or empty)
   std::string plot;     // PNG of every series in the CSV (or of this run)

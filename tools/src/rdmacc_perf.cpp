@@ -139,6 +139,9 @@ void addRunOptions(CLI::App& app, Args& a, RawOptions& raw) {
                "measure a second group of the same ranks, formed after the job's group and used "
                "after it (as torch's new_group): with RDMACC_SHARE_CONNECTIONS=1 it sends over the "
                "first group's RDMA connections");
+  app.add_flag("--second-group-alone", a.secondGroupAlone,
+               "as --second-group, then destroy the job's group before the sweep: what the second "
+               "group costs without another group beside it (a diagnostic for shared connections)");
   app.add_option("--buffers", a.buffers,
                  "rotate the timed iterations over K buffer sets (1: every iteration on the "
                  "result of the one before, as nccl-tests; > 1: independent collectives overlap, "
@@ -207,6 +210,7 @@ std::optional<std::string> finishArgs(Args& a, RawOptions& raw, const CLI::App& 
     }
   }
   a.op = parseOp(raw.op);
+  a.secondGroup = a.secondGroup || a.secondGroupAlone;
   a.algorithm = *algorithmNamed(raw.algorithm);  // checked by the option
   if (a.replot && (a.csv.empty() || a.plot.empty())) {
     return "--replot needs --csv FILE and --plot FILE.png";
@@ -502,6 +506,7 @@ int runCollective(const Args& args) {
   std::shared_ptr<VerbsBackend> first;
   auto backend = measuredGroup(args, first, formStart);
   Formation formation = measureFormation(*backend, formStart);
+  if (args.secondGroupAlone) first.reset();
   CollectiveBench bench(args, backend);
   const bool lead = backend->getRank() == 0;
   if (lead) printHeader(args, *backend, formation);
