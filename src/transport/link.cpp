@@ -134,18 +134,25 @@ void Link::notify(Open& o) {
   [[maybe_unused]] ssize_t n = ::write(o.wake, &one, sizeof one);
 }
 
-bool Link::leaveToAnother(const Open& self) {
-  const auto now = Clock::now();
-  auto busy = [&](const Open& o) { return now - o.sentAt < kBusy; };
-  auto holds = [](const Open& o) { return o.armed && !o.lent; };
+bool Link::busy(const Open& o, Clock::time_point now) {
+  return now - o.sentAt < kBusy;
+}
+
+bool Link::servedByAnother(const Open& self, Clock::time_point now) const {
   for (const auto& [channel, o] : open_) {
     if (o == &self) continue;
     const bool serves = holds(*o) || (!o->armed && now - o->polled < kPollerGap);
-    if (serves && (busy(*o) || !busy(self))) return true;
+    if (serves && (busy(*o, now) || !busy(self, now))) return true;
   }
+  return false;
+}
+
+bool Link::leaveToAnother(const Open& self) {
+  const auto now = Clock::now();
+  if (servedByAnother(self, now)) return true;
   // `self` takes the channel: idle groups' sleepers on it leave it.
   for (auto& [channel, o] : open_) {
-    if (o != &self && holds(*o) && !busy(*o)) notify(*o);
+    if (o != &self && holds(*o) && !busy(*o, now)) notify(*o);
   }
   return false;
 }

@@ -15,6 +15,10 @@
 // and wake them through their own eventfd. A channel's own state is used by
 // its group's progress thread only.
 //
+// Polling: a group served by another group's thread (one that polls the
+// link or sleeps on its completion channel; a busy group's, unless this
+// group is idle too) leaves the link to it and takes what it is handed.
+//
 // Sleeping: one thread per link waits on the completion channel, a busy
 // group's if any. A group that goes to sleep while another group's thread
 // polls the link or sleeps on the channel, and is idle or that one is busy
@@ -114,12 +118,18 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // writes, are woken to look (credits or finished writes of theirs may be
   // among it).
   void completionsFor(const Open& self);
-  // Under mutex_, when `self`'s thread goes to sleep: whether another
-  // channel's thread that polls the base without sleeping, or sleeps on the
-  // completion channel, serves it (one of a busy group, or `self`'s group is
-  // idle too). If not, `self` takes the channel, and idle groups' threads
-  // that sleep on it are woken to leave it.
+  // Under mutex_: whether another channel's thread that polls the base
+  // without sleeping, or sleeps on the completion channel, serves `self`
+  // (one of a busy group, or `self`'s group is idle too). Such a thread
+  // delivers `self`'s arrivals and completions: `self` need not poll the
+  // base or sleep on the completion channel.
+  bool servedByAnother(const Open& self, std::chrono::steady_clock::time_point now) const;
+  // Under mutex_, when `self`'s thread goes to sleep: whether it leaves the
+  // completion channel to another (servedByAnother). If not, `self` takes
+  // it, and idle groups' threads that sleep on it are woken to leave it.
   bool leaveToAnother(const Open& self);
+  static bool busy(const Open& o, std::chrono::steady_clock::time_point now);
+  static bool holds(const Open& o) { return o.armed && !o.lent; }
   // Under mutex_: a link peer's slots held by channels change by `delta`;
   // at half of them the connection is contended (Transport::contended).
   void hold(int peer, int delta);

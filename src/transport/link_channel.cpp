@@ -171,21 +171,31 @@ class Link::Channel final : public Transport, private Board {
   // would spin as long as another group is busy, and contend with it for
   // the link). Completions (credits, finished writes) matter to the groups
   // that sent since they last looked; the others that did are woken.
+  // A group served by another's thread (Link::servedByAnother) leaves the
+  // base to it and takes what it was handed: an idle group stepped beside
+  // a busy one (the engine thread, while a caller drives the busy group)
+  // would otherwise take the busy group's arrivals and hand them over, and
+  // the two threads would contend for the link on every message.
   bool poll(TransportSink& sink) override {
     bool any = false;
     {
       std::lock_guard lock(link_->mutex_);
-      link_->polling_ = &state_;
-      state_.polled = Clock::now();
-      struct Done {
-        Link& link;
-        ~Done() { link.polling_ = nullptr; }
-      } done{*link_};
-      if (base_.poll(*link_)) {
-        any = state_.sent;
-        link_->completionsFor(state_);
+      const auto now = Clock::now();
+      if (link_->servedByAnother(state_, now)) {
+        any = state_.woken;
+      } else {
+        link_->polling_ = &state_;
+        state_.polled = now;
+        struct Done {
+          Link& link;
+          ~Done() { link.polling_ = nullptr; }
+        } done{*link_};
+        if (base_.poll(*link_)) {
+          any = state_.sent;
+          link_->completionsFor(state_);
+        }
+        state_.sent = false;
       }
-      state_.sent = false;
       taken_.swap(state_.queue);
       failures_.swap(state_.failures);
       state_.woken = false;

@@ -332,9 +332,37 @@ TEST(Link, OneSleeperPerLinkWaitsOnTheCompletionChannel) {
   sub->disarm();
 }
 
+// An idle group stepped beside a busy one whose thread polls (the engine
+// thread while a caller drives the busy group) leaves the link to that
+// thread: polling it, it would take the busy group's arrivals and hand each
+// over, a wake-up and a contended lock per message.
+TEST(Link, AnIdleGroupLeavesTheLinkToABusyGroupsPoller) {
+  Links links(2, /*slots=*/4, /*slotBytes=*/256);
+  auto world = links.of[0]->open(0, 0, {0, 1});
+  auto sub = links.of[0]->open(1, 0, {0, 1});
+  auto peerSub = links.of[1]->open(1, 1, {0, 1});
+  Arrivals worldGot, subGot;
+  const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 5};
+  ASSERT_TRUE(sub->trySend(1, h, nullptr));  // busy
+  sub->poll(subGot);                         // and polling
+  ASSERT_TRUE(peerSub->trySend(0, h, nullptr));
+  EXPECT_FALSE(world->poll(worldGot));
+  EXPECT_FALSE(woken(*sub));  // nothing was handed over
+  sub->poll(subGot);
+  ASSERT_EQ(subGot.got.size(), 1u);
+  sub->release(1, subGot.got[0].second.slot);
+  // A poller that stopped (past the gap) is not relied on.
+  std::this_thread::sleep_for(3ms);
+  ASSERT_TRUE(peerSub->trySend(0, h, nullptr));
+  world->poll(worldGot);
+  EXPECT_TRUE(woken(*sub));
+  EXPECT_TRUE(worldGot.got.empty());
+}
+
 // The founding group's zero-copy write may complete in another group's
-// poll: its record is changed there (locked: its own thread reads it
-// meanwhile), and the founding group is woken to see the write done.
+// poll (while its own thread does not poll the link): its record is
+// changed there (locked: its own thread reads it meanwhile), and the
+// founding group is woken to see the write done.
 TEST(Link, AZeroCopyWriteCompletedInAnotherGroupsPollWakesItsGroup) {
   Links links(2, /*slots=*/4, /*slotBytes=*/256);
   links.net->setZeroCopy(0, true);
@@ -348,6 +376,8 @@ TEST(Link, AZeroCopyWriteCompletedInAnotherGroupsPollWakesItsGroup) {
   world->poll(worldGot);  // the write is still in flight
   ASSERT_FALSE(writes->empty());
   world->consumeEvents();
+  // Its thread stopped polling the link (past the gap), busy elsewhere.
+  std::this_thread::sleep_for(3ms);
   std::thread other([&] { sub->poll(subGot); });
   const auto until = std::chrono::steady_clock::now() + 10s;
   while (!writes->empty() && std::chrono::steady_clock::now() < until) {
