@@ -147,6 +147,13 @@ struct Engine::Impl final : TransportSink, Steppable, Matching::Claims {
       onAbort(peer, in);
     } else if (in.header.kind == wire::MessageKind::Stuck) {
       onStuck(peer, in);
+    } else if (in.header.kind == wire::MessageKind::Leave) {
+      // A shared link takes its channels' leave messages: one here came
+      // over a connection of this group's own.
+      transport->release(peer, in.slot);
+      throw protocolViolation(peer, transport->peerAddress(peer),
+                              wire::Violation{"a leave message over a connection no other group "
+                                              "shares"});
     } else {
       traceStage(options.trace, EventTrace::Stage::Arrival,
                  in.header.kind == wire::MessageKind::PointToPoint, in.header.sequence, peer);

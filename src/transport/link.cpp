@@ -75,8 +75,12 @@ void Link::arrived(int peer, const Incoming& in) {
       // A rank of the link that is not in the group: a peer that names a
       // channel it does not share with this rank.
       base_->release(peer, in.slot);
-      log(LogLevel::Warn, "link rank {} sent {} on channel {}, whose group it is not in; dropped",
-          peer, wire::describe(in.header), channel);
+      droppedFromStranger(peer, in.header);
+      return;
+    }
+    if (in.header.kind == wire::MessageKind::Leave) {
+      base_->release(peer, in.slot);
+      left(o, peer);
       return;
     }
     hold(peer, 1);
@@ -98,6 +102,18 @@ void Link::arrived(int peer, const Incoming& in) {
     base_->release(peer, in.slot);
   }
   early_.emplace_back(channel, std::move(d));
+}
+
+void Link::droppedFromStranger(int peer, const wire::Header& h) {
+  log(LogLevel::Warn, "link rank {} sent {} on channel {}, whose group it is not in; dropped", peer,
+      wire::describe(h), h.channel);
+}
+
+void Link::left(Open& o, int peer) {
+  if (o.left[peer]) return;
+  o.left[peer] = true;
+  o.disconnected.push_back(peer);
+  notify(o);
 }
 
 void Link::failed(int peer, Error error) {

@@ -85,9 +85,10 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
     std::vector<Delivery> queue;
     std::vector<std::pair<int, Error>> failures;  // by link rank
     std::vector<int> disconnected;                // link ranks
-    int wake = -1;                                // the channel's eventfd
-    bool woken = false;                           // written since the channel last took its queue
-    bool armed = false;                           // its thread sleeps (arm() to consumeEvents())
+    std::vector<bool> left;  // by link rank: its group on this channel is gone (a leave message)
+    int wake = -1;           // the channel's eventfd
+    bool woken = false;      // written since the channel last took its queue
+    bool armed = false;      // its thread sleeps (arm() to consumeEvents())
     bool sent = false;  // tried to send since its last poll: credits and completions matter to it
     // Armed, leaving the completion channel to another channel's thread:
     // waits on its eventfd only.
@@ -112,6 +113,12 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   void failed(int peer, Error error) override;
   // Under mutex_: hands queued work to `o` and wakes it unless it is polling.
   void notify(Open& o);
+  // Under mutex_: link rank `peer` left `o`'s group (its leave message):
+  // a departure for that group only.
+  void left(Open& o, int peer);
+  // A message on a channel whose group its sender is not in (a peer that
+  // names a channel it does not share with this rank) was dropped.
+  static void droppedFromStranger(int peer, const wire::Header& h);
   void takeDepartures();
   // Under mutex_: `self`'s poll of the base found something: the other
   // channels that sent since their own last poll, or wait for zero-copy

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "rdmacc/log.hpp"
 #include "src/transport/link.hpp"
 
 namespace rdmacc {
@@ -52,6 +53,7 @@ class Link::Channel final : public Transport, private Board {
     }
     state_.wake = wake_.get();
     state_.fromBase.assign(static_cast<size_t>(link_->size_), -1);
+    state_.left.assign(static_cast<size_t>(link_->size_), false);
     for (size_t r = 0; r < toBase_.size(); ++r) {
       const int b = toBase_[r];
       if (b < -1 || b >= link_->size_ || (b >= 0 && state_.fromBase[b] >= 0)) {
@@ -73,14 +75,25 @@ class Link::Channel final : public Transport, private Board {
     link_->next_ = id_ + 1;
     link_->open_[id_] = &state_;
     ++link_->channels_;
-    // Early arrivals, and what the connections suffered before.
+    // Early arrivals, and what the connections suffered before. One from
+    // a link rank outside the group (a peer naming a channel it does not
+    // share with this rank) is dropped, as after the channel opened.
     std::erase_if(link_->early_, [&](auto& early) {
       if (early.first != id_) return false;
-      if (early.second.copied)
-        link_->earlyBytes_ -= earlyCost(early.second.in.header.payload);
-      else
-        link_->hold(early.second.peer, 1);
-      state_.queue.push_back(std::move(early.second));
+      Delivery& d = early.second;
+      if (d.copied) link_->earlyBytes_ -= earlyCost(d.in.header.payload);
+      const bool member = state_.fromBase[d.peer] >= 0;
+      if (!member || d.in.header.kind == wire::MessageKind::Leave) {
+        if (!d.copied) link_->base_->release(d.peer, d.in.slot);
+        if (member) {
+          link_->left(state_, d.peer);
+        } else {
+          droppedFromStranger(d.peer, d.in.header);
+        }
+        return true;
+      }
+      if (!d.copied) link_->hold(d.peer, 1);
+      state_.queue.push_back(std::move(d));
       return true;
     });
     for (int b = 0; b < link_->size_; ++b) {
@@ -91,6 +104,7 @@ class Link::Channel final : public Transport, private Board {
   }
 
   ~Channel() override {
+    sendLeave();
     std::vector<std::pair<int, int>> held;  // (link rank, slot)
     for (size_t r = 0; r < held_.size(); ++r) {
       for (int slot : held_[r]) held.emplace_back(toBase_[r], slot);
@@ -238,7 +252,12 @@ class Link::Channel final : public Transport, private Board {
   }
   Departure departure(int peer) const override {
     std::lock_guard lock(link_->mutex_);
-    return base_.departure(linkRank(peer));
+    const int b = linkRank(peer);
+    if (state_.left[b] && !link_->departed_[b]) {
+      return Departure{.call = "shared connection",
+                       .status = fmt::format("its group (channel {}) was destroyed there", id_)};
+    }
+    return base_.departure(b);
   }
 
   void arm() override {
@@ -324,6 +343,27 @@ class Link::Channel final : public Transport, private Board {
   }
 
  private:
+  // The group's peers learn that it is gone here at once, as from a group's
+  // own connections closing, not at their timeout. Best effort: a peer
+  // whose slots here are all in use learns it at its timeout, as before.
+  void sendLeave() {
+    std::lock_guard lock(link_->mutex_);
+    const wire::Header h{.kind = wire::MessageKind::Leave, .channel = id_};
+    for (const int b : toBase_) {
+      if (b < 0 || b == link_->rank_ || link_->departed_[b] || link_->dead_[b] || state_.left[b]) {
+        continue;
+      }
+      try {
+        if (!base_.trySend(b, h, nullptr)) {
+          log(LogLevel::Debug, "channel {}: no slot free at link rank {} for the leave message",
+              id_, b);
+        }
+      } catch (const std::exception& e) {  // its connection failed: it learns that instead
+        log(LogLevel::Debug, "channel {}: leave message to link rank {}: {}", id_, b, e.what());
+      }
+    }
+  }
+
   int linkRank(int peer) const {
     const int b = peer >= 0 && peer < static_cast<int>(toBase_.size()) ? toBase_[peer] : -1;
     if (b < 0) {

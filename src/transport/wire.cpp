@@ -21,6 +21,8 @@ std::string describe(const Header& h) {
       return fmt::format("an abort message ({} bytes)", h.payload);
     case MessageKind::Stuck:
       return fmt::format("a report of what a stuck rank waits for ({} bytes)", h.payload);
+    case MessageKind::Leave:
+      return fmt::format("a leave message for channel {} ({} bytes)", h.channel, h.payload);
     case MessageKind::Collective:
       return fmt::format("{} #{} step {} (check {:#x}, {} bytes)",
                          toString(static_cast<OpType>(h.opType)), h.sequence, h.step, h.check,
@@ -103,7 +105,7 @@ std::optional<Violation> checkHeader(const Header& h, uint32_t byteLen, const Li
   }
   const auto kind = static_cast<unsigned>(h.kind);
   if (kind < static_cast<unsigned>(MessageKind::Collective) ||
-      kind > static_cast<unsigned>(MessageKind::Stuck)) {
+      kind > static_cast<unsigned>(MessageKind::Leave)) {
     return violation(fmt::format("a message of unknown kind {}", kind));
   }
   if ((h.flags & ~kKnownFlags) != 0 || (h.flags != 0 && h.kind != MessageKind::Collective)) {
@@ -123,6 +125,9 @@ std::optional<Violation> checkHeader(const Header& h, uint32_t byteLen, const Li
   if (byteLen != expected) {
     return violation(fmt::format("{} in a {}-byte write (its header says {} bytes)", describe(h),
                                  byteLen, expected));
+  }
+  if (h.kind == MessageKind::Leave && h.payload != 0) {
+    return violation(fmt::format("{}: a leave message carries no payload", describe(h)));
   }
   if (h.kind == MessageKind::Advert) {
     if (h.payload != 0 || h.length == 0 || h.addr + h.length < h.addr) {

@@ -30,6 +30,10 @@ enum class MessageKind : uint8_t {
   Abort = 3,
   Advert = 4,
   Stuck = 5,
+  // On a connection groups share (src/transport/link.hpp): the sender's
+  // group on this channel is gone, as a group's own connection closing
+  // would tell. No payload; never reaches an engine.
+  Leave = 6,
 };
 constexpr uint16_t kDirect = 1;  // Header::flags: the payload is already at its destination
 constexpr uint16_t kKnownFlags = kDirect;

@@ -170,6 +170,36 @@ TEST(SharedConnections, AnAbortBreaksOnlyItsGroup) {
   w->barrier()->wait();
 }
 
+// A group destroyed on one rank: its peer there, waiting for that rank,
+// fails at once naming it (the leave message), not at its timeout, and
+// the world over the same connections keeps the rank.
+TEST(SharedConnections, AGroupDestroyedOnARankFailsItsPeersWaitThere) {
+  const int rank = job().rank, size = job().size;
+  auto w = world("leave-world");
+  const auto shape = deviceMeshGroups("leave", rank, size);
+  auto row = subgroup(shape[0].name, shape[0].members);
+  const bool firstRow = rank < size / 2;
+  std::vector<float> data(64);
+  std::vector<Tensor> t{Tensor{data.data(), data.size(), DataType::Float32}};
+  std::shared_ptr<Work> waiting;
+  if (firstRow && row->getRank() == 0) waiting = row->recv(t, 1, /*tag=*/9);  // never sent
+  w->barrier()->wait();  // the receive is posted
+  if (firstRow && row->getRank() == 1) row.reset();
+  if (waiting) {
+    try {
+      waiting->wait(120s);
+      ADD_FAILURE() << "the receive from a rank whose group is gone completed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.info().kind, ErrorKind::PeerFailure) << e.what();
+      EXPECT_NE(std::string(e.what()).find("was destroyed there"), std::string::npos) << e.what();
+    }
+  }
+  std::vector<int> all(static_cast<size_t>(size));
+  std::iota(all.begin(), all.end(), 0);
+  exercise(*w, all);
+  w->barrier()->wait();
+}
+
 // The group that made the connections goes first; the groups attached to
 // them keep working, and go last without a leak of queue pairs.
 TEST(SharedConnections, GroupsOutliveTheGroupThatMadeTheConnections) {

@@ -313,6 +313,23 @@ TEST(Engine, AFailedTransferFailsTheOperationNamingThePeer) {
       << e.what();
 }
 
+// Only a shared link carries leave messages (and takes them before any
+// engine): one over a group's own connection is a peer breaking the
+// protocol, named as such, not a departure.
+TEST(Engine, ALeaveMessageOverItsOwnConnectionIsAViolation) {
+  auto net = std::make_shared<FakeNetwork>(2, /*slotsPerPeer=*/2, /*slotBytes=*/256);
+  Engine engine(net->transport(0), EngineOptions{.group = "fake", .rank = 0, .size = 2});
+  auto peer = net->transport(1);  // no engine: it sends what it likes
+  std::vector<uint8_t> in(64);
+  auto recv = engine.submit(pointToPoint(false, 1, 4, in, 60s));
+  ASSERT_TRUE(peer->trySend(0, wire::Header{.kind = wire::MessageKind::Leave}, nullptr));
+  const Error e = failureOf(*recv);
+  EXPECT_EQ(e.info().kind, ErrorKind::Protocol) << e.what();
+  EXPECT_NE(std::string(e.what()).find("a leave message over a connection no other group shares"),
+            std::string::npos)
+      << e.what();
+}
+
 size_t threadsOfThisProcess() {
   size_t n = 0;
   for ([[maybe_unused]] const auto& entry :

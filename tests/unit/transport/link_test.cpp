@@ -129,6 +129,16 @@ TEST(Link, GroupsRunAtOnceOverTheSameSlots) {
   }
 }
 
+// A two-rank group's ring allreduce still completes with equal results.
+void expectAllreduceWorks(Engine& rank0, Engine& rank1) {
+  std::vector<int32_t> a = input(0, 0, 500), b = input(0, 1, 500);
+  auto wa = rank0.submit(ringAllreduce(0, 2, a));
+  auto wb = rank1.submit(ringAllreduce(1, 2, b));
+  EXPECT_TRUE(wa->wait());
+  EXPECT_TRUE(wb->wait());
+  EXPECT_EQ(a, b);
+}
+
 TEST(Link, AnAbortInOneGroupLeavesTheOthersWorking) {
   Links links(2, 4, 512);
   const std::vector<int> both{0, 1};
@@ -139,12 +149,7 @@ TEST(Link, AnAbortInOneGroupLeavesTheOthersWorking) {
   const Error e = failureOf(*waiting);
   EXPECT_NE(std::string(e.what()).find("the test aborts the subgroup"), std::string::npos)
       << e.what();
-  std::vector<int32_t> a = input(0, 0, 500), b = input(0, 1, 500);
-  auto wa = world0->submit(ringAllreduce(0, 2, a));
-  auto wb = world1->submit(ringAllreduce(1, 2, b));
-  EXPECT_TRUE(wa->wait());
-  EXPECT_TRUE(wb->wait());
-  EXPECT_EQ(a, b);
+  expectAllreduceWorks(*world0, *world1);
 }
 
 TEST(Link, AFailedConnectionFailsEveryGroupOnIt) {
@@ -162,6 +167,61 @@ TEST(Link, AFailedConnectionFailsEveryGroupOnIt) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A group destroyed on one rank: its peers there learn it at once, as from
+// a group's own connections closing (not at their timeout); the other
+// groups on the link keep the rank.
+TEST(Link, AGroupDestroyedOnARankFailsWhatWaitsForItThere) {
+  Links links(2, 4, 512);
+  const std::vector<int> both{0, 1};
+  auto world0 = links.engine(0, both, 0), world1 = links.engine(0, both, 1);
+  auto sub0 = links.engine(1, both, 0), sub1 = links.engine(1, both, 1);
+  std::vector<uint8_t> in(64);
+  auto waiting = sub0->submit(pointToPoint(false, 1, 4, in, 60s));
+  sub1.reset();
+  const Error e = failureOf(*waiting);
+  EXPECT_EQ(e.info().kind, ErrorKind::PeerFailure);
+  EXPECT_NE(std::string(e.what()).find("rank 1 disconnected"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("its group (channel 1) was destroyed there"),
+            std::string::npos)
+      << e.what();
+  expectAllreduceWorks(*world0, *world1);
+}
+
+// The group was formed and destroyed on rank 1 before rank 0 formed it:
+// the leave message waits with the early ones and counts when it opens.
+TEST(Link, AGroupDestroyedBeforeAPeerFormedItIsGoneThereFromTheStart) {
+  Links links(2, 4, 256);
+  auto world0 = links.of[0]->open(0, 0, {0, 1});
+  auto world1 = links.of[1]->open(0, 1, {0, 1});
+  links.of[1]->open(1, 1, {0, 1}).reset();
+  Arrivals got;
+  world0->poll(got);
+  auto late = links.of[0]->open(1, 0, {0, 1});
+  EXPECT_EQ(late->takeDisconnected(), std::vector<int>{1});
+  EXPECT_EQ(links.of[0]->earlyCopies(), 0u);
+  EXPECT_TRUE(world0->takeDisconnected().empty());
+  late->poll(got);
+  EXPECT_TRUE(got.got.empty());
+}
+
+// A link peer that names the channel of a group it is not in before this
+// rank opened it: dropped when it opens, as after (a group would otherwise
+// take it as from no rank of its own).
+TEST(Link, AnEarlyMessageFromARankOutsideTheGroupIsDropped) {
+  Links links(3, /*slots=*/2, /*slotBytes=*/256);
+  auto intruder = links.of[2]->open(1, 0, {2, 0});  // rank 2 claims channel 1 with rank 0
+  auto world0 = links.of[0]->open(0, 0, {0, 1, 2});
+  const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 9};
+  ASSERT_TRUE(intruder->trySend(1, h, nullptr));
+  Arrivals got;
+  world0->poll(got);  // early for channel 1
+  auto pair = links.of[0]->open(1, 0, {0, 1});
+  pair->poll(got);
+  EXPECT_TRUE(got.got.empty());
+  EXPECT_EQ(links.of[0]->heldSlots(2), 0u);
+  EXPECT_EQ(links.of[0]->earlyCopies(), 0u);
 }
 
 // Rank 0 forms the subgroup and sends before rank 1 opened it: the messages

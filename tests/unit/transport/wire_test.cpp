@@ -133,7 +133,8 @@ TEST(Wire, HostileHeadersAreRejected) {
   const HostileHeader table[] = {
       {"wrong magic", {.magic = 0x1234}, 64, "magic 0x1234"},
       {"kind 0", {.kind = static_cast<MessageKind>(0)}, 64, "unknown kind 0"},
-      {"kind 6", {.kind = static_cast<MessageKind>(6)}, 64, "unknown kind 6"},
+      {"kind 7", {.kind = static_cast<MessageKind>(7)}, 64, "unknown kind 7"},
+      {"leave with payload", {.kind = MessageKind::Leave, .payload = 8}, 72, "no payload"},
       {"unknown flag", {.flags = 2}, 64, "flags 0x2"},
       {"direct p2p", {.kind = MessageKind::PointToPoint, .flags = kDirect}, 64, "flags 0x1"},
       {"payload past the slot", {.payload = 4096 - 64 + 1}, 4096, "more than a slot's 4032"},
