@@ -135,9 +135,11 @@ void VerbsBackend::Impl::startEngine(const Options& options, const Placement& pl
   }
   std::vector<Mesh*> meshes;
   for (const auto& mesh : rails) meshes.push_back(mesh.get());
-  // Zero-copy from registered memory exists on RDMA only, and not through
-  // another group's connections (Link: channels other than 0 use slots).
-  const RegistrationCache* zeroCopyFrom = rails.empty() ? nullptr : registrations.get();
+  // Zero-copy from registered memory exists on RDMA only: over the group's
+  // own rails or the shared link it attached to (whose protection domain
+  // its registrations are made in).
+  const RegistrationCache* zeroCopyFrom =
+      rails.empty() && !linkMesh ? nullptr : registrations.get();
   const auto zeroCopyMinBytes = static_cast<size_t>(config.getInt("RDMACC_ZERO_COPY_MIN_BYTES"));
   engine = std::make_unique<Engine>(
       makeTransports(

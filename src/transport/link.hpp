@@ -62,9 +62,12 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // every member) and open it.
   uint32_t nextChannel() const;
   // A group's transport over the link: group rank r is link rank toBase[r]
-  // (-1: a peer this link does not carry), this process group rank `rank`.
-  // Throws Error(InvalidArgument) when `channel` was opened here before.
-  std::unique_ptr<Transport> open(uint32_t channel, int rank, std::vector<int> toBase);
+  // (-1: a peer this link does not carry), this process group rank `rank`;
+  // its zero-copy sends find their registrations in `registrations` (made in
+  // the link's protection domain; null: none). Throws
+  // Error(InvalidArgument) when `channel` was opened here before.
+  std::unique_ptr<Transport> open(uint32_t channel, int rank, std::vector<int> toBase,
+                                  const RegistrationCache* registrations = nullptr);
 
   // What holds the slots of a link peer now, for tests: messages delivered
   // to channels and not released, and copies of early messages.
@@ -95,7 +98,7 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
     bool lent = false;
     std::chrono::steady_clock::time_point polled;  // its last poll of the base
     std::chrono::steady_clock::time_point sentAt;  // its last message
-    // Its zero-copy writes' records (channel 0), until their writes are
+    // Its zero-copy writes' records, until their writes are
     // done: another channel's poll may complete them.
     std::vector<std::weak_ptr<ZeroCopyWrites>> zeroCopies;
     // Whether completions matter to it (it sent since its last poll, or had

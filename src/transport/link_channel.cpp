@@ -39,8 +39,10 @@ class EventFd {
 // out of their slots before the channel opened).
 class Link::Channel final : public Transport, private Board {
  public:
-  Channel(std::shared_ptr<Link> link, uint32_t id, int rank, std::vector<int> toBase)
+  Channel(std::shared_ptr<Link> link, uint32_t id, int rank, std::vector<int> toBase,
+          const RegistrationCache* registrations)
       : link_(std::move(link)),
+        registrations_(registrations),
         base_(*link_->base_),
         id_(id),
         rank_(rank),
@@ -118,10 +120,9 @@ class Link::Channel final : public Transport, private Board {
     std::lock_guard lock(link_->mutex_);
     return base_.peerAddress(linkRank(peer));
   }
-  // Zero-copy and direct writes use registrations of the founding group's
-  // (its protection domain); the other groups' messages go through slots.
+  // Every group's registrations are made in the link's protection domain,
+  // so peers may write into them over the link's queue pairs.
   DirectWrites directWrites(int peer) const override {
-    if (id_ != 0) return DirectWrites::None;
     std::lock_guard lock(link_->mutex_);
     return base_.directWrites(linkRank(peer));
   }
@@ -139,20 +140,19 @@ class Link::Channel final : public Transport, private Board {
     std::lock_guard lock(link_->mutex_);
     state_.sent = true;
     base_.reserveCredits(reserve_);
+    // A zero-copy payload's registration is looked up in this group's
+    // cache; no other group's (which may be gone) is left in the base.
+    base_.useRegistrations(registrations_);
     struct Reset {
       Transport& t;
-      ~Reset() { t.reserveCredits(0); }
+      ~Reset() {
+        t.reserveCredits(0);
+        t.useRegistrations(nullptr);
+      }
     } reset{base_};
-    // Zero-copy and direct writes use registrations in the founding group's
-    // protection domain, through its registration cache, which goes with
-    // that group: only channel 0 (that group, while it is open) may ask the
-    // base for them. Without `zeroCopy` the base never reads the cache.
-    const bool sent = id_ != 0 ? base_.trySend(b, h, data, nullptr, std::nullopt)
-                               : base_.trySend(b, h, data, zeroCopy, direct);
-    if (!sent) return false;
+    if (!base_.trySend(b, h, data, zeroCopy, direct)) return false;
     state_.sentAt = Clock::now();
-    if (zeroCopy && id_ == 0 &&
-        (state_.zeroCopies.empty() || state_.zeroCopies.back().lock() != zeroCopy)) {
+    if (zeroCopy && (state_.zeroCopies.empty() || state_.zeroCopies.back().lock() != zeroCopy)) {
       state_.zeroCopies.emplace_back(zeroCopy);
     }
     return true;
@@ -405,6 +405,7 @@ class Link::Channel final : public Transport, private Board {
   bool exclusive() const noexcept override { return true; }
 
   std::shared_ptr<Link> link_;
+  const RegistrationCache* registrations_;
   Transport& base_;
   const uint32_t id_;
   const int rank_;
@@ -420,8 +421,10 @@ class Link::Channel final : public Transport, private Board {
   Board* board_ = nullptr;
 };
 
-std::unique_ptr<Transport> Link::open(uint32_t channel, int rank, std::vector<int> toBase) {
-  return std::make_unique<Channel>(shared_from_this(), channel, rank, std::move(toBase));
+std::unique_ptr<Transport> Link::open(uint32_t channel, int rank, std::vector<int> toBase,
+                                      const RegistrationCache* registrations) {
+  return std::make_unique<Channel>(shared_from_this(), channel, rank, std::move(toBase),
+                                   registrations);
 }
 
 }  // namespace rdmacc

@@ -28,6 +28,8 @@
 
 namespace rdmacc {
 
+class RegistrationCache;
+
 // An operation's zero-copy writes still in flight: the hardware may still be
 // reading those bytes, so the operation does not write over them (receives,
 // Avg's division, its epilogue) and does not complete until they are done.
@@ -184,6 +186,10 @@ class Transport {
                        std::optional<DirectTarget> direct = std::nullopt) = 0;
   // Credits trySend leaves untouched from now on (0: none).
   virtual void reserveCredits(size_t slots) = 0;
+  // Where trySend finds the registrations of a zero-copy payload from now
+  // on: a shared link (src/transport/link.hpp) sets each group's cache,
+  // made in the link's protection domain, for that group's sends.
+  virtual void useRegistrations(const RegistrationCache* registrations) { (void)registrations; }
 
   // The payload of a message that arrived in peer's `slot`.
   virtual const uint8_t* payload(int peer, int slot) const = 0;

@@ -31,6 +31,7 @@
 #include "src/transport/rdma/transport.hpp"
 #include "src/transport/rdma/wr_id.hpp"
 #include "src/transport/wire.hpp"
+#include "tests/device/in_process.hpp"
 #include "verbs/error.hpp"
 
 namespace rdmacc {
@@ -173,11 +174,6 @@ TEST(MultiRank, MeshFormsAndEveryPairExchangesWriteWithImm) {
 }
 
 // ------------------------------------------------------------ in-process --
-
-Config quickConfig(std::map<std::string, std::string> extra = {}) {
-  extra.emplace("RDMACC_CONNECT_TIMEOUT", "4s");
-  return Config::load(extra);
-}
 
 // How one rank's attempt to form a group went.
 struct Attempt {
@@ -337,70 +333,6 @@ TEST(InProcess, LateConnectionAfterFormationIsRejectedOnBothSides) {
   EXPECT_EQ(rank0Error, "");
   EXPECT_EQ(rank1Error, "");
   EXPECT_TRUE(gone.empty()) << "rank 0 saw rank " << gone.front() << " leave";
-}
-
-// A group of `size` ranks formed in this process, a thread per rank: each
-// rank's mesh, then its RDMA transport (options' group, rank and size are
-// filled in); errors[r] says why rank r could not form ("" when it did).
-struct InProcessGroup {
-  std::vector<std::unique_ptr<Mesh>> meshes;
-  std::vector<std::unique_ptr<Transport>> transports;
-  std::vector<std::string> errors;
-};
-
-InProcessGroup formInProcess(Store& store, const std::string& group, int size, const Config& config,
-                             TransportOptions options) {
-  const auto n = static_cast<size_t>(size);
-  InProcessGroup g{std::vector<std::unique_ptr<Mesh>>(n),
-                   std::vector<std::unique_ptr<Transport>>(n), std::vector<std::string>(n)};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      const auto i = static_cast<size_t>(r);
-      try {
-        g.meshes[i] = std::make_unique<Mesh>(
-            store, r, size, config, MeshOptions{.group = group, .transportConnects = true});
-        TransportOptions mine = options;
-        mine.group = group;
-        mine.rank = r;
-        mine.size = size;
-        g.transports[i] = makeRdmaTransport(*g.meshes[i], store, mine);
-      } catch (const std::exception& e) {
-        g.errors[i] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return g;
-}
-
-// A peer's own RDMA operation, outside rdmacc's transport: 64 bytes from
-// `local` (registered with `lkey`) to `remote` under `rkey` through `qp`
-// of `mesh`; the completion's status.
-ibv_wc_status rawTransfer(Mesh& mesh, ibv_qp* qp, ibv_wr_opcode opcode, uint8_t* local,
-                          uint32_t lkey, uint64_t remote, uint32_t rkey) {
-  static std::atomic<uint64_t> nextId{1000};
-  ibv_sge sge{.addr = reinterpret_cast<uintptr_t>(local), .length = 64, .lkey = lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = ++nextId;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = opcode;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = remote;
-  wr.wr.rdma.rkey = rkey;
-  ibv_send_wr* bad = nullptr;
-  EXPECT_EQ(ibv_post_send(qp, &wr, &bad), 0);
-  const auto deadline = Clock::now() + 20s;
-  while (Clock::now() < deadline) {
-    std::array<ibv_wc, 4> wcs;
-    const int n = mesh.cq().poll(wcs);
-    for (int i = 0; i < n; ++i) {
-      if (wcs[static_cast<size_t>(i)].wr_id == wr.wr_id) return wcs[static_cast<size_t>(i)].status;
-    }
-  }
-  ADD_FAILURE() << "no completion";
-  return IBV_WC_GENERAL_ERR;
 }
 
 // What a peer can reach of our memory (docs/security.md): its own slots
