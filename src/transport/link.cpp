@@ -78,6 +78,11 @@ void Link::arrived(int peer, const Incoming& in) {
       droppedFromStranger(peer, in.header);
       return;
     }
+    if (in.header.group != o.group) {
+      base_->release(peer, in.slot);
+      collided(o, peer, in.header);
+      return;
+    }
     if (in.header.kind == wire::MessageKind::Leave) {
       base_->release(peer, in.slot);
       left(o, peer);
@@ -107,6 +112,26 @@ void Link::arrived(int peer, const Incoming& in) {
 void Link::droppedFromStranger(int peer, const wire::Header& h) {
   log(LogLevel::Warn, "link rank {} sent {} on channel {}, whose group it is not in; dropped", peer,
       wire::describe(h), h.channel);
+}
+
+void Link::collided(Open& o, int peer, const wire::Header& h) {
+  o.failures.emplace_back(
+      peer,
+      Error(ErrorInfo{.kind = ErrorKind::Protocol,
+                      .message = fmt::format(
+                          "link rank {} sent {} on channel {} for another group (tag {:#x}, this "
+                          "group's {:#x}): two groups formed at once took the same channel",
+                          peer, wire::describe(h), h.channel, h.group, o.group),
+                      .hint = "form the groups that share connections from one thread, in the same "
+                              "order on every rank (as torch's new_group requires), or set "
+                              "RDMACC_SHARE_CONNECTIONS=0"}));
+  notify(o);
+}
+
+uint32_t Link::groupTag(std::string_view name) {
+  uint32_t h = 2166136261u;  // FNV-1a
+  for (const char c : name) h = (h ^ static_cast<uint8_t>(c)) * 16777619u;
+  return h;
 }
 
 void Link::left(Open& o, int peer) {

@@ -36,6 +36,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "rdmacc/error.hpp"
@@ -64,10 +65,16 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // A group's transport over the link: group rank r is link rank toBase[r]
   // (-1: a peer this link does not carry), this process group rank `rank`;
   // its zero-copy sends find their registrations in `registrations` (made in
-  // the link's protection domain; null: none). Throws
-  // Error(InvalidArgument) when `channel` was opened here before.
+  // the link's protection domain; null: none); its messages carry `group`
+  // (groupTag of its name), and one that arrives with another fails the
+  // group naming the collision. Throws Error(InvalidArgument) when
+  // `channel` was opened here before.
   std::unique_ptr<Transport> open(uint32_t channel, int rank, std::vector<int> toBase,
-                                  const RegistrationCache* registrations = nullptr);
+                                  const RegistrationCache* registrations = nullptr,
+                                  uint32_t group = 0);
+  // The tag a group's messages carry over a link: a hash of its name, the
+  // same on every member.
+  static uint32_t groupTag(std::string_view name);
 
   // What holds the slots of a link peer now, for tests: messages delivered
   // to channels and not released, and copies of early messages.
@@ -84,6 +91,7 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
     bool copied = false;
   };
   struct Open {
+    uint32_t group = 0;         // its messages' tag (groupTag)
     std::vector<int> fromBase;  // link rank -> group rank, -1
     std::vector<Delivery> queue;
     std::vector<std::pair<int, Error>> failures;  // by link rank
@@ -122,6 +130,9 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // A message on a channel whose group its sender is not in (a peer that
   // names a channel it does not share with this rank) was dropped.
   static void droppedFromStranger(int peer, const wire::Header& h);
+  // Under mutex_: link rank `peer` sent `o`'s channel a message of another
+  // group (two groups formed at once took the same channel): `o` fails.
+  void collided(Open& o, int peer, const wire::Header& h);
   void takeDepartures();
   // Under mutex_: `self`'s poll of the base found something: the other
   // channels that sent since their own last poll, or wait for zero-copy

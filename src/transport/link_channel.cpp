@@ -40,7 +40,7 @@ class EventFd {
 class Link::Channel final : public Transport, private Board {
  public:
   Channel(std::shared_ptr<Link> link, uint32_t id, int rank, std::vector<int> toBase,
-          const RegistrationCache* registrations)
+          const RegistrationCache* registrations, uint32_t group)
       : link_(std::move(link)),
         registrations_(registrations),
         base_(*link_->base_),
@@ -54,6 +54,7 @@ class Link::Channel final : public Transport, private Board {
       throw errnoError(ErrorKind::Internal, "eventfd", errno, "a channel's wake-up descriptor");
     }
     state_.wake = wake_.get();
+    state_.group = group;
     state_.fromBase.assign(static_cast<size_t>(link_->size_), -1);
     state_.left.assign(static_cast<size_t>(link_->size_), false);
     for (size_t r = 0; r < toBase_.size(); ++r) {
@@ -85,6 +86,11 @@ class Link::Channel final : public Transport, private Board {
       Delivery& d = early.second;
       if (d.copied) link_->earlyBytes_ -= earlyCost(d.in.header.payload);
       const bool member = state_.fromBase[d.peer] >= 0;
+      if (member && d.in.header.group != state_.group) {
+        if (!d.copied) link_->base_->release(d.peer, d.in.slot);
+        link_->collided(state_, d.peer, d.in.header);
+        return true;
+      }
       if (!member || d.in.header.kind == wire::MessageKind::Leave) {
         if (!d.copied) link_->base_->release(d.peer, d.in.slot);
         if (member) {
@@ -136,6 +142,7 @@ class Link::Channel final : public Transport, private Board {
                std::optional<DirectTarget> direct) override {
     wire::Header h = header;
     h.channel = id_;
+    h.group = state_.group;
     const int b = linkRank(peer);
     std::lock_guard lock(link_->mutex_);
     state_.sent = true;
@@ -348,7 +355,7 @@ class Link::Channel final : public Transport, private Board {
   // whose slots here are all in use learns it at its timeout, as before.
   void sendLeave() {
     std::lock_guard lock(link_->mutex_);
-    const wire::Header h{.kind = wire::MessageKind::Leave, .channel = id_};
+    const wire::Header h{.kind = wire::MessageKind::Leave, .channel = id_, .group = state_.group};
     for (const int b : toBase_) {
       if (b < 0 || b == link_->rank_ || link_->departed_[b] || link_->dead_[b] || state_.left[b]) {
         continue;
@@ -422,9 +429,9 @@ class Link::Channel final : public Transport, private Board {
 };
 
 std::unique_ptr<Transport> Link::open(uint32_t channel, int rank, std::vector<int> toBase,
-                                      const RegistrationCache* registrations) {
+                                      const RegistrationCache* registrations, uint32_t group) {
   return std::make_unique<Channel>(shared_from_this(), channel, rank, std::move(toBase),
-                                   registrations);
+                                   registrations, group);
 }
 
 }  // namespace rdmacc

@@ -111,10 +111,6 @@ std::optional<Violation> checkHeader(const Header& h, uint32_t byteLen, const Li
   if ((h.flags & ~kKnownFlags) != 0 || (h.flags != 0 && h.kind != MessageKind::Collective)) {
     return violation(fmt::format("{} with flags {:#x}", describe(h), h.flags));
   }
-  if (h.reserved != 0) {
-    return violation(
-        fmt::format("{} with reserved header bytes {:#x} (0 expected)", describe(h), h.reserved));
-  }
   const size_t maxPayload = limits.slotBytes - kHeaderBytes;
   if (h.payload > maxPayload) {
     return violation(fmt::format("{}: {} payload bytes, more than a slot's {}", describe(h),

@@ -61,7 +61,9 @@ struct Header {
   // The group the message belongs to on a connection the groups of a
   // process pair share (src/transport/link.hpp); 0 on a group's own.
   uint32_t channel = 0;
-  uint32_t reserved = 0;  // 0
+  // There too: the tag of the sender's group's name (Link::groupTag), so a
+  // channel two groups both took is caught, not mixed up; 0 on a group's own.
+  uint32_t group = 0;
 };
 static_assert(sizeof(Header) == 64);
 constexpr size_t kHeaderBytes = 64;  // payload stays 64-byte aligned

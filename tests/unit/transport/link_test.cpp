@@ -466,6 +466,40 @@ TEST(Link, AMessageOnAChannelItsSenderIsNotInIsDropped) {
   EXPECT_EQ(links.net->messages(2, 0), 5);
 }
 
+// Two groups of ranks 0 and 1, formed at once from two threads of each
+// process in opposite orders, can both take channel 1 (rank 0 opened it
+// for group A, rank 1 for group B). What each sends the other there is
+// another group's: it fails the receiving group naming the collision, before
+// the channel opened here too, instead of being received as its own.
+TEST(Link, TwoGroupsOnOneChannelFailInsteadOfMixingTheirMessages) {
+  Links links(2, /*slots=*/2, /*slotBytes=*/256);
+  const uint32_t a = Link::groupTag("group-a"), b = Link::groupTag("group-b");
+  ASSERT_NE(a, b);
+  auto a0 = links.of[0]->open(1, 0, {0, 1}, nullptr, a);
+  const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 1};
+  ASSERT_TRUE(a0->trySend(1, h, nullptr));  // early at rank 1
+  Arrivals got;
+  auto world1 = links.of[1]->open(0, 1, {0, 1});
+  world1->poll(got);
+  auto b1 = links.of[1]->open(1, 1, {0, 1}, nullptr, b);
+  b1->poll(got);
+  ASSERT_TRUE(got.got.empty()) << "a message of group A was received by group B";
+  ASSERT_EQ(got.failures.size(), 1u);
+  EXPECT_EQ(got.failures[0].first, 0);
+  EXPECT_NE(got.failures[0].second.find("two groups formed at once took the same channel"),
+            std::string::npos)
+      << got.failures[0].second;
+  // After the open too, and the other way.
+  ASSERT_TRUE(b1->trySend(0, h, nullptr));
+  Arrivals atRank0;
+  a0->poll(atRank0);
+  EXPECT_TRUE(atRank0.got.empty());
+  ASSERT_EQ(atRank0.failures.size(), 1u);
+  EXPECT_EQ(atRank0.failures[0].first, 1);
+  EXPECT_EQ(links.of[0]->heldSlots(1), 0u);
+  EXPECT_EQ(links.of[1]->earlyCopies(), 0u);
+}
+
 TEST(Link, AChannelIsOpenedOncePerLink) {
   Links links(2, 2, 256);
   auto first = links.of[0]->open(3, 0, {0, 1});
