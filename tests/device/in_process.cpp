@@ -2,13 +2,19 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <exception>
 #include <thread>
 
+#include "src/schedule/algorithms/algorithms.hpp"
+#include "src/schedule/schedule.hpp"
 #include "src/transport/rdma/transport.hpp"
+#include "src/transport/registration_cache.hpp"
+#include "src/transport/wire.hpp"
+#include "verbs/error.hpp"
 
 namespace rdmacc {
 
@@ -70,6 +76,53 @@ ibv_wc_status rawTransfer(Mesh& mesh, ibv_qp* qp, ibv_wr_opcode opcode, uint8_t*
   }
   ADD_FAILURE() << "no completion";
   return IBV_WC_GENERAL_ERR;
+}
+
+std::shared_ptr<Work> advertisingAllgather(Engine& engine, uint8_t* target, size_t bytes,
+                                           int size) {
+  auto op = std::make_unique<Operation>();
+  op->type = OpType::AllgatherBase;
+  op->timeout = 3s;
+  op->schedule = std::make_shared<Plan>(
+      algorithms::ringAllgather(0, size, evenBlocks(bytes, size, 1)), Algorithm::Ring);
+  op->sendBase = op->recvBase = target;
+  op->dtype = DataType::UInt8;
+  op->checkValue = bytes;
+  return engine.submit(std::move(op));
+}
+
+std::optional<wire::Header> takeAdvert(Transport& transport) {
+  struct Reader final : TransportSink {
+    Transport& transport;
+    std::optional<wire::Header> advert;
+    explicit Reader(Transport& t) : transport(t) {}
+    void arrived(int peer, const Incoming& in) override {
+      if (in.header.kind == wire::MessageKind::Advert) advert = in.header;
+      transport.release(peer, in.slot);
+    }
+    void failed(int, Error) override {}
+  } reader(transport);
+  for (auto until = Clock::now() + 20s; !reader.advert && Clock::now() < until;) {
+    transport.poll(reader);
+  }
+  return reader.advert;
+}
+
+void expectRkeyOpensUntilDeregistered(Mesh& attacker, ibv_qp* qp, RegistrationCache& registered,
+                                      uint8_t* target, uint32_t rkey) {
+  PageBuffer local(4096);
+  auto mr =
+      verbs::registerMemory(attacker.pd(), local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
+  const auto at = reinterpret_cast<uintptr_t>(target);
+  std::fill_n(local.data(), 64, uint8_t{0x5a});
+  EXPECT_EQ(rawTransfer(attacker, qp, IBV_WR_RDMA_WRITE, local.data(), mr->lkey, at, rkey),
+            IBV_WC_SUCCESS);
+  EXPECT_EQ(std::count(target, target + 64, uint8_t{0x5a}), 64);
+  registered.remove(target);
+  std::fill_n(local.data(), 64, uint8_t{0x77});
+  EXPECT_EQ(rawTransfer(attacker, qp, IBV_WR_RDMA_WRITE, local.data(), mr->lkey, at, rkey),
+            IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(std::count(target, target + 64, uint8_t{0x5a}), 64);
 }
 
 }  // namespace rdmacc

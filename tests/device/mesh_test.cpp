@@ -459,52 +459,17 @@ TEST(InProcess, AnAdvertsRkeyOpensTheRegistrationUntilDeregistered) {
                                                                        .size = kSize,
                                                                        .registrations = &registered,
                                                                        .zeroCopyMinBytes = 4096});
-  auto op = std::make_unique<Operation>();
-  op->type = OpType::AllgatherBase;
-  op->timeout = 3s;
-  op->schedule = std::make_shared<Plan>(
-      algorithms::ringAllgather(0, kSize, evenBlocks(kBytes, kSize, 1)), Algorithm::Ring);
-  op->sendBase = op->recvBase = target.data();
-  op->dtype = DataType::UInt8;
-  op->checkValue = kBytes;
-  auto work = engine->submit(std::move(op));
+  auto work = advertisingAllgather(*engine, target.data(), kBytes, kSize);
   // Rank 1 reads what arrives in its slots.
-  struct Reader final : TransportSink {
-    Transport& transport;
-    std::optional<wire::Header> advert;
-    explicit Reader(Transport& t) : transport(t) {}
-    void arrived(int peer, const Incoming& in) override {
-      if (in.header.kind == wire::MessageKind::Advert) advert = in.header;
-      transport.release(peer, in.slot);
-    }
-    void failed(int, Error) override {}
-  } reader(*transports[1]);
-  for (auto until = Clock::now() + 20s; !reader.advert && Clock::now() < until;) {
-    transports[1]->poll(reader);
-  }
-  ASSERT_TRUE(reader.advert) << "rank 0 advertised no direct receive";
-  const wire::Header advert = *reader.advert;
-  const auto begin = reinterpret_cast<uintptr_t>(target.data());
-  ASSERT_EQ(advert.addr, begin + kBytes / 2);  // rank 1's block
-  ASSERT_EQ(advert.length, kBytes / 2);
+  const std::optional<wire::Header> advert = takeAdvert(*transports[1]);
+  ASSERT_TRUE(advert) << "rank 0 advertised no direct receive";
+  ASSERT_EQ(advert->addr, reinterpret_cast<uintptr_t>(target.data()) + kBytes / 2);  // rank 1's
+  ASSERT_EQ(advert->length, kBytes / 2);
   EXPECT_THROW(work->wait(), Error);  // over: timed out
-  PageBuffer local(4096);
-  auto mr =
-      verbs::registerMemory(meshes[1]->pd(), local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
-  ibv_qp* qp = meshes[1]->qp(0);
-  // Outside the advertised receive, after the operation: lands.
-  std::fill_n(local.data(), 64, uint8_t{0x5a});
-  EXPECT_EQ(
-      rawTransfer(*meshes[1], qp, IBV_WR_RDMA_WRITE, local.data(), mr->lkey, begin, advert.rkey),
-      IBV_WC_SUCCESS);
-  EXPECT_EQ(std::count(target.data(), target.data() + 64, uint8_t{0x5a}), 64);
-  // Deregistered: refused, and the memory keeps what it had.
-  registered.remove(target.data());
-  std::fill_n(local.data(), 64, uint8_t{0x77});
-  EXPECT_EQ(
-      rawTransfer(*meshes[1], qp, IBV_WR_RDMA_WRITE, local.data(), mr->lkey, begin, advert.rkey),
-      IBV_WC_REM_ACCESS_ERR);
-  EXPECT_EQ(std::count(target.data(), target.data() + 64, uint8_t{0x5a}), 64);
+  // Outside the advertised receive, after the operation: lands, until
+  // deregistered.
+  expectRkeyOpensUntilDeregistered(*meshes[1], meshes[1]->qp(0), registered, target.data(),
+                                   advert->rkey);
   engine.reset();
   transports.clear();
 }

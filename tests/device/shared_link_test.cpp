@@ -13,14 +13,11 @@
 #include "rdmacc/store.hpp"
 #include "src/core/buffer.hpp"
 #include "src/engine/engine.hpp"
-#include "src/schedule/algorithms/algorithms.hpp"
-#include "src/schedule/schedule.hpp"
 #include "src/transport/link.hpp"
 #include "src/transport/rdma/transport.hpp"
 #include "src/transport/registration_cache.hpp"
 #include "src/transport/wire.hpp"
 #include "tests/device/in_process.hpp"
-#include "verbs/error.hpp"
 
 namespace rdmacc {
 namespace {
@@ -62,52 +59,16 @@ TEST(InProcess, OverASharedLinkAnAdvertsRkeyOpensTheRegistrationToTheFoundingGro
                                                        .size = kLater,
                                                        .registrations = &registered,
                                                        .zeroCopyMinBytes = 4096});
-  auto op = std::make_unique<Operation>();
-  op->type = OpType::AllgatherBase;
-  op->timeout = 3s;
-  op->schedule = std::make_shared<Plan>(
-      algorithms::ringAllgather(0, kLater, evenBlocks(kBytes, kLater, 1)), Algorithm::Ring);
-  op->sendBase = op->recvBase = target.data();
-  op->dtype = DataType::UInt8;
-  op->checkValue = kBytes;
-  auto work = engine->submit(std::move(op));
+  auto work = advertisingAllgather(*engine, target.data(), kBytes, kLater);
   // Rank 1 of the later group takes the advert off its channel.
   auto channel1 = links[1]->open(kChannel, 1, {0, 1});
-  struct Reader final : TransportSink {
-    Transport& transport;
-    std::optional<wire::Header> advert;
-    explicit Reader(Transport& t) : transport(t) {}
-    void arrived(int peer, const Incoming& in) override {
-      if (in.header.kind == wire::MessageKind::Advert) advert = in.header;
-      transport.release(peer, in.slot);
-    }
-    void failed(int, Error) override {}
-  } reader(*channel1);
-  for (auto until = Clock::now() + 20s; !reader.advert && Clock::now() < until;) {
-    channel1->poll(reader);
-  }
-  ASSERT_TRUE(reader.advert) << "rank 0 advertised no direct receive over the shared link";
-  const wire::Header advert = *reader.advert;
-  const auto begin = reinterpret_cast<uintptr_t>(target.data());
-  ASSERT_EQ(advert.addr, begin + kBytes / 2);  // rank 1's block
-  EXPECT_THROW(work->wait(), Error);           // over: timed out
+  const std::optional<wire::Header> advert = takeAdvert(*channel1);
+  ASSERT_TRUE(advert) << "rank 0 advertised no direct receive over the shared link";
+  ASSERT_EQ(advert->addr, reinterpret_cast<uintptr_t>(target.data()) + kBytes / 2);  // rank 1's
+  EXPECT_THROW(work->wait(), Error);  // over: timed out
   // Rank 2, outside the later group, through its queue pair to rank 0.
-  PageBuffer local(4096);
-  auto mr =
-      verbs::registerMemory(meshes[2]->pd(), local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
-  ibv_qp* qp = meshes[2]->qp(0);
-  std::fill_n(local.data(), 64, uint8_t{0x5a});
-  EXPECT_EQ(
-      rawTransfer(*meshes[2], qp, IBV_WR_RDMA_WRITE, local.data(), mr->lkey, begin, advert.rkey),
-      IBV_WC_SUCCESS);
-  EXPECT_EQ(std::count(target.data(), target.data() + 64, uint8_t{0x5a}), 64);
-  // Deregistered: refused, and the memory keeps what it had.
-  registered.remove(target.data());
-  std::fill_n(local.data(), 64, uint8_t{0x77});
-  EXPECT_EQ(
-      rawTransfer(*meshes[2], qp, IBV_WR_RDMA_WRITE, local.data(), mr->lkey, begin, advert.rkey),
-      IBV_WC_REM_ACCESS_ERR);
-  EXPECT_EQ(std::count(target.data(), target.data() + 64, uint8_t{0x5a}), 64);
+  expectRkeyOpensUntilDeregistered(*meshes[2], meshes[2]->qp(0), registered, target.data(),
+                                   advert->rkey);
   engine.reset();
   channel1.reset();
   links.clear();
