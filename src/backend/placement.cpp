@@ -63,7 +63,7 @@ VerbsBackend::Impl::Placement VerbsBackend::Impl::placePeers(const Options& opti
   p.suits = fmt::format("{} {} {} {} {}", transport, config.getString("RDMACC_HOST_ID"),
                         config.getInt("RDMACC_SLOTS_PER_PEER"), config.getInt("RDMACC_SLOT_BYTES"),
                         auth::loadKey(config));
-  LinkOffers offers = offerLinks(share, p.suits);
+  LinkOffers offers = offerLinks(share, p.suits, rank == 0);
   // A process with connections to share skips it: the group may not need
   // a mesh of its own.
   if (offers.held.empty() &&

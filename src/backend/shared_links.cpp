@@ -17,10 +17,6 @@ namespace {
 // and an offer takes at most 55 of them.
 constexpr size_t kMaxOffers = 8;
 constexpr size_t kIdChars = 32;  // 128 random bits
-// Channels a link may number: a group opens one, so this bounds nothing a
-// real job reaches, and keeps Link's "next channel" (the chosen one + 1)
-// from wrapping to 0 when a peer offers the last 32-bit number.
-constexpr uint32_t kMaxChannel = 1u << 30;
 
 struct Registered {
   std::string id;
@@ -35,7 +31,7 @@ std::vector<Registered> registry;  // oldest first
 struct Offer {
   std::string id;
   int linkRank = -1;
-  uint32_t next = 0;
+  uint32_t channel = 0;  // rank 0's: the channel it drew for the group
 };
 struct Parsed {
   std::string candidate;  // "-": sharing off
@@ -77,8 +73,11 @@ Parsed parse(const std::string& line, int rank) {
   for (size_t i = 1; i < fields.size(); ++i) {
     const auto parts = splitFields(fields[i], ':');
     Offer o;
+    // Rank 0 draws the group's channel; the others name none.
+    const bool channel =
+        parts.size() == 3 && (rank == 0 ? number(parts[2], o.channel) : parts[2] == "-");
     if (parts.size() != 3 || !validId(parts[0]) || !number(parts[1], o.linkRank) ||
-        o.linkRank < 0 || !number(parts[2], o.next) || o.next > kMaxChannel) {
+        o.linkRank < 0 || !channel) {
       throw malformed(fmt::format("offer {}", i));
     }
     o.id = parts[0];
@@ -93,7 +92,7 @@ Parsed parse(const std::string& line, int rank) {
 
 }  // namespace
 
-LinkOffers offerLinks(bool share, const std::string& suits) {
+LinkOffers offerLinks(bool share, const std::string& suits, bool founder) {
   LinkOffers offers;
   if (!share) {
     offers.line = "-";
@@ -108,8 +107,14 @@ LinkOffers offerLinks(bool share, const std::string& suits) {
     if (it->suits != suits) continue;
     auto link = it->link.lock();
     if (!link) continue;
+    std::string channel = "-";
+    if (founder) {
+      const auto drawn = link->allotChannel();
+      if (!drawn) continue;  // all of its numbers used: the group makes its own
+      channel = std::to_string(*drawn);
+    }
     auto mesh = it->mesh.lock();  // the link holds it
-    offers.line += fmt::format(" {}:{}:{}", it->id, link->rank(), link->nextChannel());
+    offers.line += fmt::format(" {}:{}:{}", it->id, link->rank(), channel);
     offers.held.push_back({it->id, std::move(link), std::move(mesh)});
   }
   return offers;
@@ -134,8 +139,8 @@ std::optional<LinkChoice> chooseLink(const LinkOffers& mine, const std::vector<s
         break;
       }
       choice.toBase.push_back(o->linkRank);
-      choice.channel = std::max(choice.channel, o->next);
     }
+    choice.channel = first.channel;
     if (!everyone) continue;
     auto held = std::find_if(mine.held.begin(), mine.held.end(),
                              [&](const OfferedLink& l) { return l.id == first.id; });
@@ -157,6 +162,15 @@ std::optional<LinkChoice> chooseLink(const LinkOffers& mine, const std::vector<s
             .peerRank = static_cast<int>(r)});
       }
       seen[static_cast<size_t>(b)] = true;
+    }
+    if (!Link::foundedBy(choice.channel, choice.toBase[0], held->link->size())) {
+      throw Error(ErrorInfo{
+          .kind = ErrorKind::Protocol,
+          .message = fmt::format("rank 0 offered channel {} of shared connections of {} ranks, "
+                                 "which its link rank {} does not number",
+                                 choice.channel, held->link->size(), choice.toBase[0]),
+          .peerRank = 0,
+          .hint = "every rank must run the same rdmacc"});
     }
     if (choice.toBase[static_cast<size_t>(rank)] != held->link->rank()) {
       throw Error(ErrorKind::Internal, "this rank's own offer names another link rank");

@@ -26,18 +26,20 @@ struct OfferedLink {
 
 // What a forming group's rank tells the others: `line`, a carried line of
 // its host record: the id this rank would give a link the group founds
-// (rank 0's is taken), then "id:linkRank:nextChannel" per link of the
-// process whose connections suit `suits` (the settings they were made with:
-// only a group with the same text may use them); "-" when sharing is off.
-// `held` keeps those links alive until the group has decided.
+// (rank 0's is taken), then "id:linkRank:channel" per link of the process
+// whose connections suit `suits` (the settings they were made with: only a
+// group with the same text may use them); "-" when sharing is off. The
+// group's rank 0 (`founder`) draws the channel the group would take on each
+// link (Link::allotChannel), the others write "-" there. `held` keeps those
+// links alive until the group has decided.
 struct LinkOffers {
   std::string line;
   std::vector<OfferedLink> held;
 };
-LinkOffers offerLinks(bool share, const std::string& suits);
+LinkOffers offerLinks(bool share, const std::string& suits, bool founder);
 
-// What a forming group attaches to: `link`'s channel `channel`, group rank
-// r being link rank toBase[r].
+// What a forming group attaches to: `link`'s channel `channel` (rank 0's
+// draw), group rank r being link rank toBase[r].
 struct LinkChoice {
   std::shared_ptr<Link> link;
   std::shared_ptr<Mesh> mesh;
@@ -46,9 +48,10 @@ struct LinkChoice {
 };
 
 // The decision, the same on every member: `lines` are every rank's offers
-// line by rank (hostile input: a malformed one throws Error naming the
-// rank). The first link of rank 0's offers that every member offers;
-// nullopt: the group makes its own connections.
+// line by rank (hostile input: a malformed one, or a channel rank 0's link
+// rank does not number, throws Error naming the rank). The first link of
+// rank 0's offers that every member offers; nullopt: the group makes its
+// own connections.
 std::optional<LinkChoice> chooseLink(const LinkOffers& mine, const std::vector<std::string>& lines,
                                      int rank);
 

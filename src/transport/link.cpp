@@ -39,6 +39,7 @@ Link::Link(std::unique_ptr<Transport> base, int rank, int size, size_t unexpecte
       base_(std::move(base)),
       held_(static_cast<size_t>(size), 0),
       half_(std::max<size_t>(1, static_cast<size_t>(base_->slotsPerPeer()) / 2)),
+      drawn_(rank == 0 ? 1 : 0),
       departed_(static_cast<size_t>(size), false),
       dead_(static_cast<size_t>(size)) {}
 
@@ -49,9 +50,22 @@ Link::~Link() {
   base_->drain(departed_);
 }
 
-uint32_t Link::nextChannel() const {
+std::optional<uint32_t> Link::allotChannel() {
   std::lock_guard lock(mutex_);
-  return next_;
+  const uint64_t channel = static_cast<uint64_t>(rank_) + drawn_ * static_cast<uint64_t>(size_);
+  if (channel > UINT32_MAX) return std::nullopt;
+  ++drawn_;
+  return static_cast<uint32_t>(channel);
+}
+
+bool Link::foundedBy(uint32_t channel, int founder, int size) {
+  return size > 0 && founder >= 0 && founder < size && channel != 0 &&
+         channel % static_cast<uint32_t>(size) == static_cast<uint32_t>(founder);
+}
+
+size_t Link::closedChannels() const {
+  std::lock_guard lock(mutex_);
+  return closed_.size();
 }
 
 size_t Link::heldSlots(int linkPeer) const {
@@ -93,9 +107,13 @@ void Link::arrived(int peer, const Incoming& in) {
     notify(o);
     return;
   }
-  if (channel < next_) {
+  if (auto it = closed_.find(channel); it != closed_.end()) {
     // A group closed here: what its peers still send has no taker.
     base_->release(peer, in.slot);
+    if (in.header.kind == wire::MessageKind::Leave) {
+      std::erase(it->second, peer);
+      if (it->second.empty()) closed_.erase(it);
+    }
     return;
   }
   Delivery d{.peer = peer, .in = in};
@@ -120,10 +138,10 @@ void Link::collided(Open& o, int peer, const wire::Header& h) {
       Error(ErrorInfo{.kind = ErrorKind::Protocol,
                       .message = fmt::format(
                           "link rank {} sent {} on channel {} for another group (tag {:#x}, this "
-                          "group's {:#x}): two groups formed at once took the same channel",
+                          "group's {:#x}): its process took the channel for another group",
                           peer, wire::describe(h), h.channel, h.group, o.group),
-                      .hint = "form the groups that share connections from one thread, in the same "
-                              "order on every rank (as torch's new_group requires), or set "
+                      .hint = "every rank must run the same rdmacc (channels are drawn by the "
+                              "group's rank 0 and never taken twice); or set "
                               "RDMACC_SHARE_CONNECTIONS=0"}));
   notify(o);
 }
@@ -218,6 +236,10 @@ void Link::takeDepartures() {
   for (int peer : base_->takeDisconnected()) {
     if (departed_[peer]) continue;
     departed_[peer] = true;
+    for (auto it = closed_.begin(); it != closed_.end();) {
+      std::erase(it->second, peer);
+      it = it->second.empty() ? closed_.erase(it) : std::next(it);
+    }
     for (auto& [channel, o] : open_) {
       if (o->fromBase[peer] < 0) continue;
       o->disconnected.push_back(peer);
@@ -240,6 +262,15 @@ void Link::close(uint32_t channel, const std::vector<std::pair<int, int>>& held)
     hold(d.peer, -1);
     base_->release(d.peer, d.in.slot);
   }
+  // Members still to say that they left: their late messages are dropped
+  // until then (the record keeps the number from being taken as early).
+  std::vector<int> awaited;
+  for (int b = 0; b < size_; ++b) {
+    if (b != rank_ && o.fromBase[b] >= 0 && !o.left[b] && !departed_[b] && !dead_[b]) {
+      awaited.push_back(b);
+    }
+  }
+  if (!awaited.empty()) closed_[channel] = std::move(awaited);
   open_.erase(channel);
   --channels_;
   // Sleepers may have relied on the group's thread.

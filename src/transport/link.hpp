@@ -58,10 +58,15 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
-  // The lowest channel number never opened here. The ranks of a new group
-  // take the largest of theirs (each then knows the number is unused on
-  // every member) and open it.
-  uint32_t nextChannel() const;
+  // A channel number for a group this process founds on the link (it is
+  // the group's rank 0): numbers founded by link rank r are r modulo the
+  // link's size, each drawn once, so groups formed at once by any threads
+  // of any members never share one (channel 0 is the founding group's).
+  // nullopt: this link rank has drawn all of its numbers.
+  std::optional<uint32_t> allotChannel();
+  // Whether `channel` is a number link rank `founder` of a link of `size`
+  // ranks may draw (a check every member makes of rank 0's offer).
+  static bool foundedBy(uint32_t channel, int founder, int size);
   // A group's transport over the link: group rank r is link rank toBase[r]
   // (-1: a peer this link does not carry), this process group rank `rank`;
   // its zero-copy sends find their registrations in `registrations` (made in
@@ -80,6 +85,8 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // to channels and not released, and copies of early messages.
   size_t heldSlots(int linkPeer) const;
   size_t earlyCopies() const;
+  // Channels closed here whose members have not all said so yet.
+  size_t closedChannels() const;
 
  private:
   class Channel;
@@ -131,7 +138,8 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // names a channel it does not share with this rank) was dropped.
   static void droppedFromStranger(int peer, const wire::Header& h);
   // Under mutex_: link rank `peer` sent `o`'s channel a message of another
-  // group (two groups formed at once took the same channel): `o` fails.
+  // group (its process took the number twice, which allotChannel rules out
+  // for this rdmacc): `o` fails rather than take it as its own.
   void collided(Open& o, int peer, const wire::Header& h);
   void takeDepartures();
   // Under mutex_: `self`'s poll of the base found something: the other
@@ -165,16 +173,20 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   std::shared_ptr<void> resources_;  // declared before base_: outlives it
   std::unique_ptr<Transport> base_;
   std::map<uint32_t, Open*> open_;
-  uint32_t next_ = 0;
+  // Closed here: the link ranks of the group that have not sent their leave
+  // message yet, whose late messages are dropped. RC delivers in order, so
+  // once all have, nothing more can come for it and the record goes.
+  std::map<uint32_t, std::vector<int>> closed_;
   Open* polling_ = nullptr;  // the channel whose poll runs the base's
   // Messages for channels not open here yet (a peer formed the group first).
   std::vector<std::pair<uint32_t, Delivery>> early_;
   size_t earlyBytes_ = 0;
-  std::vector<size_t> held_;                // by link rank: slots delivered, not released
-  const size_t half_;                       // held slots that make a connection contended
-  std::atomic<size_t> channels_{0};         // open
-  std::atomic<size_t> contendedPeers_{0};   // link peers with half of their slots held
-  std::atomic<uint64_t> contention_{0};     // times a peer's connection became contended
+  std::vector<size_t> held_;               // by link rank: slots delivered, not released
+  const size_t half_;                      // held slots that make a connection contended
+  std::atomic<size_t> channels_{0};        // open
+  std::atomic<size_t> contendedPeers_{0};  // link peers with half of their slots held
+  std::atomic<uint64_t> contention_{0};    // times a peer's connection became contended
+  uint64_t drawn_;  // channels this link rank allotted, channel 0 counted by link rank 0
   std::vector<bool> departed_;              // by link rank
   std::vector<std::optional<Error>> dead_;  // by link rank: a failed connection
 };

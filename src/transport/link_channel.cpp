@@ -71,11 +71,10 @@ class Link::Channel final : public Transport, private Board {
           fmt::format("this process is link rank {}, not group rank {}'s", link_->rank_, rank_));
     }
     std::lock_guard lock(link_->mutex_);
-    if (id_ < link_->next_ || link_->open_.contains(id_)) {
+    if (link_->open_.contains(id_) || link_->closed_.contains(id_)) {
       throw Error(ErrorKind::InvalidArgument,
                   fmt::format("channel {} of the shared connections was opened before", id_));
     }
-    link_->next_ = id_ + 1;
     link_->open_[id_] = &state_;
     ++link_->channels_;
     // Early arrivals, and what the connections suffered before. One from

@@ -33,21 +33,21 @@ TEST(SharedLinks, MembersAttachToTheFirstLinkOfRankZerosThatEveryoneHas) {
   // 0..2 of it, in another order.
   auto link = std::make_shared<Link>(net->transport(2), 2, 4, 1 << 20);
   const std::vector<std::string> lines = {
-      fmt::format("{} {}:9:1 {}:3:5", kC, kA, kB),  // rank 0 offers A first; rank 2 lacks A
-      fmt::format("{} {}:0:2", kC, kB),
-      fmt::format("{} {}:2:1", kC, kB),
+      fmt::format("{} {}:9:1 {}:3:7", kC, kA, kB),  // rank 0 offers A first; rank 2 lacks A
+      fmt::format("{} {}:0:-", kC, kB),
+      fmt::format("{} {}:2:-", kC, kB),
   };
   const auto mine = offersOf(lines[2], {OfferedLink{kB, link, nullptr}});
   const auto choice = chooseLink(mine, lines, 2);
   ASSERT_TRUE(choice.has_value());
   EXPECT_EQ(choice->link, link);
-  EXPECT_EQ(choice->channel, 5u) << "the largest of the members' next channels";
+  EXPECT_EQ(choice->channel, 7u) << "the channel rank 0 drew";
   EXPECT_EQ(choice->toBase, (std::vector<int>{3, 0, 2}));
 }
 
 TEST(SharedLinks, NoCommonLinkOrSharingOffMeansConnectionsOfItsOwn) {
-  const std::vector<std::string> disjoint = {fmt::format("{} {}:0:1", kC, kA),
-                                             fmt::format("{} {}:0:1", kC, kB)};
+  const std::vector<std::string> disjoint = {fmt::format("{} {}:0:2", kC, kA),
+                                             fmt::format("{} {}:0:-", kC, kB)};
   EXPECT_FALSE(chooseLink(offersOf(disjoint[0]), disjoint, 0).has_value());
   EXPECT_EQ(foundingLinkId(disjoint), kC) << "rank 0's drawn id names the new link";
   const std::vector<std::string> off = {"-", "-"};
@@ -58,17 +58,16 @@ TEST(SharedLinks, NoCommonLinkOrSharingOffMeansConnectionsOfItsOwn) {
 TEST(SharedLinks, AMalformedOfferFailsNamingItsRank) {
   auto net = std::make_shared<FakeNetwork>(2, 4, 256);
   auto link = std::make_shared<Link>(net->transport(0), 0, 2, 1 << 20);
-  const std::string good = fmt::format("{} {}:0:1", kC, kA);
+  const std::string good = fmt::format("{} {}:0:2", kC, kA);
   const auto mine = offersOf(good, {OfferedLink{kA, link, nullptr}});
   for (const std::string& bad : {
-           std::string("not-an-id"), fmt::format("{} {}:0", kC, kA),  // no next channel
-           fmt::format("{} {}:-1:1", kC, kA),                         // negative link rank
-           fmt::format("{} {}:0:1 {}:1:1", kC, kA, kA),               // one link twice
-           fmt::format("{} {}:x:1", kC, kA),                          // not a number
-           fmt::format("{}  {}:0:1", kC, kA),                         // an empty field
-           fmt::format("- {}:0:1", kA),                               // offers while sharing is off
-           fmt::format("{} {}:0:99999999999", kC, kA),                // past 32 bits
-           fmt::format("{} {}:1:4294967295", kC, kA),  // the last channel: next would wrap
+           std::string("not-an-id"), fmt::format("{} {}:1", kC, kA),  // no channel field
+           fmt::format("{} {}:-1:-", kC, kA),                         // negative link rank
+           fmt::format("{} {}:1:- {}:1:-", kC, kA, kA),               // one link twice
+           fmt::format("{} {}:x:-", kC, kA),                          // not a number
+           fmt::format("{}  {}:1:-", kC, kA),                         // an empty field
+           fmt::format("- {}:1:-", kA),                               // offers while sharing is off
+           fmt::format("{} {}:1:3", kC, kA),  // a channel from a rank other than 0
        }) {
     try {
       chooseLink(mine, {good, bad}, 0);
@@ -78,11 +77,62 @@ TEST(SharedLinks, AMalformedOfferFailsNamingItsRank) {
       EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
     }
   }
+  // Rank 0's channel: past 32 bits, the founding group's, or one its link
+  // rank does not draw (link rank 1's).
+  const std::string second = fmt::format("{} {}:1:-", kC, kA);
+  for (const std::string& bad :
+       {fmt::format("{} {}:0:99999999999", kC, kA), fmt::format("{} {}:0:0", kC, kA),
+        fmt::format("{} {}:0:3", kC, kA), fmt::format("{} {}:0:-", kC, kA)}) {
+    try {
+      chooseLink(mine, {bad, second}, 0);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.info().peerRank, 0) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+    }
+  }
   // Well formed, but naming a link rank another member has, or past the
   // link's ranks: the same check on every member, so every one fails.
   for (const std::string& clash :
-       {fmt::format("{} {}:0:1", kC, kA), fmt::format("{} {}:7:1", kC, kA)}) {
+       {fmt::format("{} {}:0:-", kC, kA), fmt::format("{} {}:7:-", kC, kA)}) {
     EXPECT_THROW(chooseLink(mine, {good, clash}, 0), Error) << clash;
+  }
+}
+
+// Two groups of the same two processes formed at once, from two threads of
+// each in opposite orders (process 0 offers for A, then B; process 1 for B,
+// then A): each group takes the channel its rank 0 drew, the same on both
+// members and different from the other group's. With the members' largest
+// next number, as before, both took channel 1 and mixed their messages.
+TEST(SharedLinks, GroupsFormedAtOnceInOppositeOrdersTakeDifferentChannels) {
+  auto net = std::make_shared<FakeNetwork>(2, 4, 256);
+  auto link0 = std::make_shared<Link>(net->transport(0), 0, 2, 1 << 20);
+  auto link1 = std::make_shared<Link>(net->transport(1), 1, 2, 1 << 20);
+  // Process 1's offers as offerLinks makes them (the registry is this test
+  // process's, which holds process 0's link).
+  auto offers1 = [&](bool founder) {
+    const std::string channel = founder ? std::to_string(*link1->allotChannel()) : "-";
+    return offersOf(fmt::format("{} {}:1:{}", kC, kA, channel), {OfferedLink{kA, link1, nullptr}});
+  };
+  addLink(kA, "opposite orders", link0, nullptr);
+  // A's rank 0 is process 0 for the first pair; both groups have it as
+  // rank 0 in the second (the same founder drawing twice).
+  for (const bool sameFounder : {false, true}) {
+    const LinkOffers a0 = offerLinks(true, "opposite orders", /*founder=*/true);
+    const LinkOffers b1 = offers1(/*founder=*/!sameFounder);
+    const LinkOffers a1 = offers1(/*founder=*/false);
+    const LinkOffers b0 = offerLinks(true, "opposite orders", /*founder=*/sameFounder);
+    const std::vector<std::string> aLines{a0.line, a1.line};
+    const std::vector<std::string> bLines = sameFounder
+                                                ? std::vector<std::string>{b0.line, b1.line}
+                                                : std::vector<std::string>{b1.line, b0.line};
+    const auto a = chooseLink(a0, aLines, 0), aThere = chooseLink(a1, aLines, 1);
+    const auto b = chooseLink(b0, bLines, sameFounder ? 0 : 1);
+    const auto bThere = chooseLink(b1, bLines, sameFounder ? 1 : 0);
+    ASSERT_TRUE(a && aThere && b && bThere);
+    EXPECT_EQ(a->channel, aThere->channel);
+    EXPECT_EQ(b->channel, bThere->channel);
+    EXPECT_NE(a->channel, b->channel) << "same founder: " << sameFounder;
   }
 }
 
@@ -91,14 +141,17 @@ TEST(SharedLinks, AProcessOffersOnlyLinksMadeWithTheSameSettings) {
   auto link = std::make_shared<Link>(net->transport(1), 1, 2, 1 << 20);
   addLink(kB, "settings one", link, nullptr);
   {
-    const LinkOffers same = offerLinks(true, "settings one");
+    const LinkOffers same = offerLinks(true, "settings one", /*founder=*/true);
     ASSERT_EQ(same.held.size(), 1u);
-    EXPECT_NE(same.line.find(fmt::format(" {}:1:0", kB)), std::string::npos) << same.line;
+    EXPECT_NE(same.line.find(fmt::format(" {}:1:1", kB)), std::string::npos)
+        << "link rank 1's first channel: " << same.line;
+    const LinkOffers member = offerLinks(true, "settings one", /*founder=*/false);
+    EXPECT_NE(member.line.find(fmt::format(" {}:1:-", kB)), std::string::npos) << member.line;
   }
-  EXPECT_TRUE(offerLinks(true, "settings two").held.empty());
-  EXPECT_EQ(offerLinks(false, "settings one").line, "-");
+  EXPECT_TRUE(offerLinks(true, "settings two", true).held.empty());
+  EXPECT_EQ(offerLinks(false, "settings one", true).line, "-");
   link.reset();
-  EXPECT_TRUE(offerLinks(true, "settings one").held.empty()) << "held weakly";
+  EXPECT_TRUE(offerLinks(true, "settings one", true).held.empty()) << "held weakly";
 }
 
 }  // namespace

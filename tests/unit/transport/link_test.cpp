@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,13 +89,11 @@ TEST(Link, GroupsRunAtOnceOverTheSameSlots) {
   Links links(kSize, /*slots=*/4, /*slotBytes=*/512);
   const std::vector<int> world{0, 1, 2, 3};
   const std::vector<std::vector<int>> pairs{{0, 2}, {1, 3}};
-  ASSERT_EQ(links.of[0]->nextChannel(), 0u);
   std::vector<std::unique_ptr<Engine>> engines;
   for (int r = 0; r < kSize; ++r) engines.push_back(links.engine(0, world, r));
   for (const auto& pair : pairs) {
     for (int r = 0; r < 2; ++r) engines.push_back(links.engine(1, pair, r));
   }
-  EXPECT_EQ(links.of[0]->nextChannel(), 2u);
   std::vector<std::vector<int32_t>> data;
   for (int r = 0; r < kSize; ++r) data.push_back(input(0, r, kValues));
   for (int p = 0; p < 2; ++p) {
@@ -466,11 +465,11 @@ TEST(Link, AMessageOnAChannelItsSenderIsNotInIsDropped) {
   EXPECT_EQ(links.net->messages(2, 0), 5);
 }
 
-// Two groups of ranks 0 and 1, formed at once from two threads of each
-// process in opposite orders, can both take channel 1 (rank 0 opened it
-// for group A, rank 1 for group B). What each sends the other there is
-// another group's: it fails the receiving group naming the collision, before
-// the channel opened here too, instead of being received as its own.
+// A peer that took a channel this rank opened for another group (a process
+// that numbers channels otherwise: allotChannel rules it out for this
+// rdmacc) sends messages of another group there: they fail the receiving
+// group, before the channel opened here too, instead of being received as
+// its own.
 TEST(Link, TwoGroupsOnOneChannelFailInsteadOfMixingTheirMessages) {
   Links links(2, /*slots=*/2, /*slotBytes=*/256);
   const uint32_t a = Link::groupTag("group-a"), b = Link::groupTag("group-b");
@@ -486,7 +485,7 @@ TEST(Link, TwoGroupsOnOneChannelFailInsteadOfMixingTheirMessages) {
   ASSERT_TRUE(got.got.empty()) << "a message of group A was received by group B";
   ASSERT_EQ(got.failures.size(), 1u);
   EXPECT_EQ(got.failures[0].first, 0);
-  EXPECT_NE(got.failures[0].second.find("two groups formed at once took the same channel"),
+  EXPECT_NE(got.failures[0].second.find("its process took the channel for another group"),
             std::string::npos)
       << got.failures[0].second;
   // After the open too, and the other way.
@@ -503,10 +502,56 @@ TEST(Link, TwoGroupsOnOneChannelFailInsteadOfMixingTheirMessages) {
 TEST(Link, AChannelIsOpenedOncePerLink) {
   Links links(2, 2, 256);
   auto first = links.of[0]->open(3, 0, {0, 1});
-  EXPECT_EQ(links.of[0]->nextChannel(), 4u);
   EXPECT_THROW(links.of[0]->open(3, 0, {0, 1}), Error);
-  EXPECT_THROW(links.of[0]->open(2, 0, {0, 1}), Error);
-  EXPECT_THROW(links.of[0]->open(5, 0, {1, 0}), Error);  // this process is link rank 0
+  first.reset();  // closed here; rank 1 has not left it
+  EXPECT_THROW(links.of[0]->open(3, 0, {0, 1}), Error);
+  EXPECT_NO_THROW(links.of[0]->open(5, 0, {0, 1}));
+  EXPECT_THROW(links.of[0]->open(7, 0, {1, 0}), Error);  // this process is link rank 0
+}
+
+// Each link rank draws the numbers of the groups it founds from its own
+// residue class: no two members ever draw the same, however their threads
+// interleave, and none draws the founding group's 0.
+TEST(Link, ChannelNumbersAreTheirFoundersOwnAndDrawnOnce) {
+  constexpr int kSize = 3;
+  Links links(kSize, 2, 256);
+  std::set<uint32_t> drawn;
+  for (int round = 0; round < 4; ++round) {
+    for (int r = 0; r < kSize; ++r) {
+      const auto channel = links.of[static_cast<size_t>(r)]->allotChannel();
+      ASSERT_TRUE(channel.has_value());
+      EXPECT_TRUE(Link::foundedBy(*channel, r, kSize)) << *channel << " drawn by " << r;
+      EXPECT_TRUE(drawn.insert(*channel).second) << *channel << " drawn twice";
+    }
+  }
+  EXPECT_FALSE(drawn.contains(0u));
+  EXPECT_FALSE(Link::foundedBy(0, 0, kSize));
+  EXPECT_FALSE(Link::foundedBy(4, 0, kSize)) << "link rank 1's";
+}
+
+// A group closed here drops what its peers still send it (not kept as
+// early messages of a group to come), and forgets the channel once every
+// member has sent its leave message: nothing can follow that.
+TEST(Link, AClosedChannelDropsLateMessagesUntilEveryMemberLeft) {
+  Links links(2, /*slots=*/2, /*slotBytes=*/256);
+  auto world0 = links.of[0]->open(0, 0, {0, 1});
+  auto world1 = links.of[1]->open(0, 1, {0, 1});
+  auto pair0 = links.of[0]->open(1, 0, {0, 1});
+  auto pair1 = links.of[1]->open(1, 1, {0, 1});
+  pair0.reset();
+  EXPECT_EQ(links.of[0]->closedChannels(), 1u);
+  const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 1};
+  ASSERT_TRUE(pair1->trySend(0, h, nullptr));
+  Arrivals got;
+  world0->poll(got);
+  EXPECT_TRUE(got.got.empty());
+  EXPECT_EQ(links.of[0]->earlyCopies(), 0u) << "kept for a group to come";
+  EXPECT_EQ(links.of[0]->heldSlots(1), 0u);
+  EXPECT_EQ(links.of[0]->closedChannels(), 1u);
+  pair1.reset();  // its leave message
+  world0->poll(got);
+  EXPECT_EQ(links.of[0]->closedChannels(), 0u);
+  EXPECT_TRUE(got.got.empty());
 }
 
 }  // namespace
