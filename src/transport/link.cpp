@@ -251,6 +251,17 @@ void Link::takeDepartures() {
 void Link::close(uint32_t channel, const std::vector<std::pair<int, int>>& held) {
   std::lock_guard lock(mutex_);
   Open& o = *open_.at(channel);
+  // The group's peers learn that it is gone here at once, as from a group's
+  // own connections closing, not at their timeout. Not through a new
+  // connection: a peer never connected learns it at its timeout, as when a
+  // group's own lazy connections close (it had none to lose).
+  const wire::Header leave{.kind = wire::MessageKind::Leave, .channel = channel, .group = o.group};
+  for (int b = 0; b < size_; ++b) {
+    if (b != rank_ && o.fromBase[b] >= 0 && !o.left[b] && base_->connected(b)) {
+      leaves_.push_back({b, leave});
+    }
+  }
+  sendLeaves();
   // Slots the group still held go back to their senders, or the other
   // groups would lose them.
   for (auto [peer, slot] : held) {
@@ -277,6 +288,22 @@ void Link::close(uint32_t channel, const std::vector<std::pair<int, int>>& held)
   for (auto& [other, p] : open_) {
     if (p->lent) notify(*p);
   }
+}
+
+void Link::sendLeaves() {
+  std::erase_if(leaves_, [this](const PendingLeave& l) {
+    if (departed_[l.peer] || dead_[l.peer]) return true;  // it learns that instead
+    try {
+      if (base_->trySend(l.peer, l.header, nullptr)) return true;
+      log(LogLevel::Debug, "channel {}: no slot free at link rank {} for the leave message yet",
+          l.header.channel, l.peer);
+      return false;
+    } catch (const std::exception& e) {  // its connection failed: it learns that instead
+      log(LogLevel::Debug, "channel {}: leave message to link rank {}: {}", l.header.channel,
+          l.peer, e.what());
+      return true;
+    }
+  });
 }
 
 }  // namespace rdmacc

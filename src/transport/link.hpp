@@ -163,8 +163,12 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // at half of them the connection is contended (Transport::contended).
   void hold(int peer, int delta);
   bool contended(int peer) const;
-  // The channel's group is gone: the slots it held, (link rank, slot), go back.
+  // The channel's group is gone: the slots it held, (link rank, slot), go
+  // back, and each connected peer of the group is sent a leave message.
   void close(uint32_t channel, const std::vector<std::pair<int, int>>& held);
+  // Under mutex_: the leave messages that found no slot free, tried again
+  // (after a poll of the base, which may have brought credits back).
+  void sendLeaves();
 
   mutable std::mutex mutex_;
   const int rank_;
@@ -177,6 +181,14 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // message yet, whose late messages are dropped. RC delivers in order, so
   // once all have, nothing more can come for it and the record goes.
   std::map<uint32_t, std::vector<int>> closed_;
+  // Leave messages to send when a slot at their peer is free: a group that
+  // goes while its peers' slots are full still tells them at once (a few
+  // slots come back with any of their traffic), not at their timeout.
+  struct PendingLeave {
+    int peer = -1;  // the link's rank
+    wire::Header header;
+  };
+  std::vector<PendingLeave> leaves_;
   Open* polling_ = nullptr;  // the channel whose poll runs the base's
   // Messages for channels not open here yet (a peer formed the group first).
   std::vector<std::pair<uint32_t, Delivery>> early_;

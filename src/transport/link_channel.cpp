@@ -111,7 +111,6 @@ class Link::Channel final : public Transport, private Board {
   }
 
   ~Channel() override {
-    sendLeave();
     std::vector<std::pair<int, int>> held;  // (link rank, slot)
     for (size_t r = 0; r < held_.size(); ++r) {
       for (int slot : held_[r]) held.emplace_back(toBase_[r], slot);
@@ -214,6 +213,7 @@ class Link::Channel final : public Transport, private Board {
           any = state_.sent;
           link_->completionsFor(state_);
         }
+        if (!link_->leaves_.empty()) link_->sendLeaves();
         state_.sent = false;
       }
       taken_.swap(state_.queue);
@@ -349,27 +349,6 @@ class Link::Channel final : public Transport, private Board {
   }
 
  private:
-  // The group's peers learn that it is gone here at once, as from a group's
-  // own connections closing, not at their timeout. Best effort: a peer
-  // whose slots here are all in use learns it at its timeout, as before.
-  void sendLeave() {
-    std::lock_guard lock(link_->mutex_);
-    const wire::Header h{.kind = wire::MessageKind::Leave, .channel = id_, .group = state_.group};
-    for (const int b : toBase_) {
-      if (b < 0 || b == link_->rank_ || link_->departed_[b] || link_->dead_[b] || state_.left[b]) {
-        continue;
-      }
-      try {
-        if (!base_.trySend(b, h, nullptr)) {
-          log(LogLevel::Debug, "channel {}: no slot free at link rank {} for the leave message",
-              id_, b);
-        }
-      } catch (const std::exception& e) {  // its connection failed: it learns that instead
-        log(LogLevel::Debug, "channel {}: leave message to link rank {}: {}", id_, b, e.what());
-      }
-    }
-  }
-
   int linkRank(int peer) const {
     const int b = peer >= 0 && peer < static_cast<int>(toBase_.size()) ? toBase_[peer] : -1;
     if (b < 0) {

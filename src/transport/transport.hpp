@@ -226,6 +226,13 @@ class Transport {
   // host. Shared memory: nothing (a dead process shows otherwise).
   virtual void probe(int peer) { (void)peer; }
 
+  // Whether this rank has a connection to `peer` now (false only before a
+  // transport that connects on first use made it).
+  virtual bool connected(int peer) const {
+    (void)peer;
+    return true;
+  }
+
   // An operation that starts will talk to `peer`: a transport that connects
   // on first use starts connecting now, so that the connections of all its
   // steps are made at once rather than one step after another. Nothing

@@ -50,11 +50,6 @@ bool RdmaTransport::trySend(int to, const Header& header, const uint8_t* data,
                             std::optional<DirectTarget> direct) {
   PeerState& p = peer(to);
   if (p.lanes.empty()) {  // not connected yet (lazy)
-    // A leave message (a shared link's group going) goes to connected
-    // peers only, not through a new connection: one never connected
-    // learns it at its timeout, as when a group's own lazy connections
-    // close (it had none to lose).
-    if (header.kind == MessageKind::Leave) return false;
     // A collective's peers connect when it starts (prepare); other
     // messages start the connection themselves.
     const bool collective =

@@ -150,6 +150,7 @@ class RdmaTransport final : public Transport, public Board {
   }
   void drain(const std::vector<bool>& dead) override;
   void probe(int peer) override;
+  bool connected(int to) const override { return !peer(to).lanes.empty(); }
   void prepare(int peer) override;
   // Both ranks of a pair prepare it when the collective that names it
   // starts; if both connected, their attempts would cross and one would be

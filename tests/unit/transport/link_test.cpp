@@ -499,6 +499,37 @@ TEST(Link, TwoGroupsOnOneChannelFailInsteadOfMixingTheirMessages) {
   EXPECT_EQ(links.of[1]->earlyCopies(), 0u);
 }
 
+// A group that goes while its peer's slots here are all held (by another
+// group's messages it has not released) tells that peer once one is free,
+// not at the peer's timeout.
+TEST(Link, ALeaveMessageWaitsForAFreeSlot) {
+  Links links(2, /*slots=*/2, /*slotBytes=*/256);
+  auto world0 = links.of[0]->open(0, 0, {0, 1});
+  auto world1 = links.of[1]->open(0, 1, {0, 1});
+  auto pair0 = links.of[0]->open(1, 0, {0, 1});
+  auto pair1 = links.of[1]->open(1, 1, {0, 1});
+  const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 1};
+  ASSERT_TRUE(world0->trySend(1, h, nullptr));
+  ASSERT_TRUE(world0->trySend(1, h, nullptr));
+  ASSERT_FALSE(world0->trySend(1, h, nullptr)) << "rank 1's two slots for rank 0 are taken";
+  pair0.reset();  // its leave message finds no slot free
+  Arrivals world;
+  world1->poll(world);
+  ASSERT_EQ(world.got.size(), 2u);
+  Arrivals pair;
+  pair1->poll(pair);
+  EXPECT_TRUE(pair1->takeDisconnected().empty());
+  for (const auto& [peer, in] : world.got) world1->release(peer, in.slot);
+  world.got.clear();
+  world0->poll(world);  // rank 0's next poll sends it
+  world1->poll(world);  // rank 1's takes it to the pair's channel
+  pair1->poll(pair);
+  EXPECT_TRUE(world.got.empty());
+  EXPECT_TRUE(pair.got.empty());
+  EXPECT_EQ(pair1->takeDisconnected(), std::vector<int>{0});
+  EXPECT_EQ(pair1->departure(0).status, "its group (channel 1) was destroyed there");
+}
+
 TEST(Link, AChannelIsOpenedOncePerLink) {
   Links links(2, 2, 256);
   auto first = links.of[0]->open(3, 0, {0, 1});
