@@ -157,8 +157,7 @@ void VerbsBackend::Impl::startRails(const std::vector<bool>& shm,
 RdmaPath VerbsBackend::Impl::rdmaPath(const Placement& placement) {
   RdmaPath path;
   if (link) {
-    path.channel = link->open(placement.channel, rank, placement.toBase, registrations.get(),
-                              Link::groupTag(group));
+    path.channel = link->open(placement.channel, rank, placement.toBase, Link::groupTag(group));
     return path;
   }
   if (placement.linkId.empty() || rails.size() != 1) return path;
@@ -169,7 +168,7 @@ RdmaPath VerbsBackend::Impl::rdmaPath(const Placement& placement) {
     addLink(placement.linkId, placement.suits, founded, rails[0]);
     std::vector<int> identity(static_cast<size_t>(size));
     for (int r = 0; r < size; ++r) identity[static_cast<size_t>(r)] = r;
-    return founded->open(0, rank, std::move(identity), registrations.get(), Link::groupTag(group));
+    return founded->open(0, rank, std::move(identity), Link::groupTag(group));
   };
   return path;
 }

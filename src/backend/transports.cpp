@@ -38,7 +38,7 @@ std::unique_ptr<Transport> makeTransports(const std::vector<Mesh*>& rails, Store
     TransportOptions rail = options;
     if (i > 0) {  // its own slot regions in the store; zero-copy on the first rail only
       rail.group += fmt::format("/rail{}", i);
-      rail.registrations = nullptr;
+      rail.zeroCopy = false;
     }
     // The board: only where this transport will carry every peer.
     if (rails.size() > 1 || anyShm) rail.rdmaOneShotBytes = 0;

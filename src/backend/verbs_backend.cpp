@@ -157,7 +157,7 @@ void VerbsBackend::Impl::startEngine(const Options& options, const Placement& pl
               .lazy = lazyConnections(),
               .slotsPerPeer = static_cast<int>(config.getInt("RDMACC_SLOTS_PER_PEER")),
               .slotBytes = static_cast<size_t>(config.getInt("RDMACC_SLOT_BYTES")),
-              .registrations = zeroCopyFrom,
+              .zeroCopy = zeroCopyFrom != nullptr,
               .zeroCopyMinBytes = zeroCopyMinBytes,
               .shmSingleCopy = config.getBool("RDMACC_SHM_SINGLE_COPY"),
               .shmMembarrier = config.getBool("RDMACC_SHM_MEMBARRIER"),

@@ -10,7 +10,7 @@ void Active::reset() {
   if (zeroCopy.use_count() == 1) {
     zeroCopy->clear();
   } else {  // a write's record still holds it (failure paths): leave it to that
-    zeroCopy = std::make_shared<ZeroCopyWrites>();
+    zeroCopy = std::make_shared<ZeroCopyWrites>(zeroCopy->registrations());
   }
   advertsToSend.clear();
   advertsSent = 0;
@@ -35,6 +35,7 @@ std::unique_ptr<Active> ActivePool::take(std::unique_ptr<Operation> op) {
   std::unique_ptr<Active> a;
   if (spare_.empty()) {
     a = std::make_unique<Active>();
+    a->zeroCopy = std::make_shared<ZeroCopyWrites>(registrations_);
   } else {
     a = std::move(spare_.back());
     spare_.pop_back();

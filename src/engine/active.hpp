@@ -62,11 +62,16 @@ struct Active {
 // Finished Actives kept for reuse: the steady state allocates none.
 class ActivePool {
  public:
+  // `registrations`: the group's (EngineOptions), which its operations'
+  // zero-copy sends are found in.
+  explicit ActivePool(const RegistrationCache* registrations = nullptr)
+      : registrations_(registrations) {}
   std::unique_ptr<Active> take(std::unique_ptr<Operation> op);
   // A few are enough: operations finish about as fast as they start.
   void give(std::unique_ptr<Active> a);
 
  private:
+  const RegistrationCache* registrations_;
   std::vector<std::unique_ptr<Active>> spare_;
 };
 

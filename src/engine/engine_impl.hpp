@@ -108,6 +108,7 @@ struct Engine::Impl final : TransportSink, Steppable, Matching::Claims {
         gone(size, false),
         matching(*transport, size, options.unexpectedBytes),
         executor(*transport, matching, options, gone),
+        pool(options.registrations),
         loop(*transport, *this, options) {}
 
   // ------------------------------------- claims (Matching::park) --

@@ -69,13 +69,12 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   static bool foundedBy(uint32_t channel, int founder, int size);
   // A group's transport over the link: group rank r is link rank toBase[r]
   // (-1: a peer this link does not carry), this process group rank `rank`;
-  // its zero-copy sends find their registrations in `registrations` (made in
-  // the link's protection domain; null: none); its messages carry `group`
+  // its zero-copy sends' registrations come with them (made in the link's
+  // protection domain: ZeroCopyWrites::registrations); its messages carry `group`
   // (groupTag of its name), and one that arrives with another fails the
   // group naming the collision. Throws Error(InvalidArgument) when
   // `channel` was opened here before.
   std::unique_ptr<Transport> open(uint32_t channel, int rank, std::vector<int> toBase,
-                                  const RegistrationCache* registrations = nullptr,
                                   uint32_t group = 0);
   // The tag a group's messages carry over a link: a hash of its name, the
   // same on every member.

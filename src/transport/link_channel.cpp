@@ -40,9 +40,8 @@ class EventFd {
 class Link::Channel final : public Transport, private Board {
  public:
   Channel(std::shared_ptr<Link> link, uint32_t id, int rank, std::vector<int> toBase,
-          const RegistrationCache* registrations, uint32_t group)
+          uint32_t group)
       : link_(std::move(link)),
-        registrations_(registrations),
         base_(*link_->base_),
         id_(id),
         rank_(rank),
@@ -145,15 +144,9 @@ class Link::Channel final : public Transport, private Board {
     std::lock_guard lock(link_->mutex_);
     state_.sent = true;
     base_.reserveCredits(reserve_);
-    // A zero-copy payload's registration is looked up in this group's
-    // cache; no other group's (which may be gone) is left in the base.
-    base_.useRegistrations(registrations_);
     struct Reset {
       Transport& t;
-      ~Reset() {
-        t.reserveCredits(0);
-        t.useRegistrations(nullptr);
-      }
+      ~Reset() { t.reserveCredits(0); }
     } reset{base_};
     if (!base_.trySend(b, h, data, zeroCopy, direct)) return false;
     state_.sentAt = Clock::now();
@@ -390,7 +383,6 @@ class Link::Channel final : public Transport, private Board {
   bool exclusive() const noexcept override { return true; }
 
   std::shared_ptr<Link> link_;
-  const RegistrationCache* registrations_;
   Transport& base_;
   const uint32_t id_;
   const int rank_;
@@ -407,9 +399,8 @@ class Link::Channel final : public Transport, private Board {
 };
 
 std::unique_ptr<Transport> Link::open(uint32_t channel, int rank, std::vector<int> toBase,
-                                      const RegistrationCache* registrations, uint32_t group) {
-  return std::make_unique<Channel>(shared_from_this(), channel, rank, std::move(toBase),
-                                   registrations, group);
+                                      uint32_t group) {
+  return std::make_unique<Channel>(shared_from_this(), channel, rank, std::move(toBase), group);
 }
 
 }  // namespace rdmacc

@@ -47,9 +47,12 @@ struct TransportOptions {
   int slotsPerPeer = 16;
   // 0: autoSlotBytes(world size, slotsPerPeer) (transport/rdma/transport.hpp).
   size_t slotBytes = 0;
-  // Memory the user registered: payloads of at least zeroCopyMinBytes in it
-  // are sent from it without the staging copy (RDMA). Null: always copy.
-  const RegistrationCache* registrations = nullptr;
+  // RDMA: payloads of at least zeroCopyMinBytes in memory the user
+  // registered (the sending operation's ZeroCopyWrites::registrations, made
+  // in this transport's protection domain) are sent from it without the
+  // staging copy. False: always copy (a rail other than the one the
+  // registrations were made for).
+  bool zeroCopy = false;
   size_t zeroCopyMinBytes = 16384;
   // Shared memory: receives of at least zeroCopyMinBytes are advertised to
   // local peers, which write them in place with one copy (process_vm_writev)

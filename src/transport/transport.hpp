@@ -37,6 +37,13 @@ class RegistrationCache;
 // completes in whichever group's thread polls, not the operation's.
 class ZeroCopyWrites {
  public:
+  // `registrations`: the operation's group's registered memory (made in the
+  // protection domain of the transport that sends it, or of a shared link's),
+  // where a zero-copy payload's registration is found; null: none.
+  explicit ZeroCopyWrites(const RegistrationCache* registrations = nullptr)
+      : registrations_(registrations) {}
+  const RegistrationCache* registrations() const noexcept { return registrations_; }
+
   void add(const uint8_t* p, size_t n) {
     std::lock_guard lock(mutex_);
     ranges_.emplace_back(p, n);
@@ -63,6 +70,7 @@ class ZeroCopyWrites {
   }
 
  private:
+  const RegistrationCache* const registrations_;
   mutable std::mutex mutex_;
   std::vector<std::pair<const uint8_t*, size_t>> ranges_;
 };
@@ -176,8 +184,8 @@ class Transport {
   }
 
   // Sends one message: header.payload bytes from `data`. With `zeroCopy`, a
-  // payload in memory the user registered may be sent from there (recorded
-  // in it until the write completed); with `direct`, the payload goes to the
+  // payload in memory its registrations hold may be sent from there
+  // (recorded in it until the write completed); with `direct`, the payload goes to the
   // peer's advertised destination and the header after it. False: no slot,
   // credit or queue entry free now (nothing was sent). Throws Error when the
   // transfer cannot be posted.
@@ -186,10 +194,6 @@ class Transport {
                        std::optional<DirectTarget> direct = std::nullopt) = 0;
   // Credits trySend leaves untouched from now on (0: none).
   virtual void reserveCredits(size_t slots) = 0;
-  // Where trySend finds the registrations of a zero-copy payload from now
-  // on: a shared link (src/transport/link.hpp) sets each group's cache,
-  // made in the link's protection domain, for that group's sends.
-  virtual void useRegistrations(const RegistrationCache* registrations) { (void)registrations; }
 
   // The payload of a message that arrived in peer's `slot`.
   virtual const uint8_t* payload(int peer, int slot) const = 0;

@@ -53,7 +53,7 @@ TEST(InProcess, OverASharedLinkAnAdvertsRkeyOpensTheRegistrationToTheFoundingGro
   PageBuffer target(kBytes);
   std::fill_n(target.data(), kBytes, uint8_t{0x11});
   registered.add(target.data(), kBytes);
-  auto engine = std::make_unique<Engine>(links[0]->open(kChannel, 0, {0, 1}, &registered),
+  auto engine = std::make_unique<Engine>(links[0]->open(kChannel, 0, {0, 1}),
                                          EngineOptions{.group = "later",
                                                        .rank = 0,
                                                        .size = kLater,

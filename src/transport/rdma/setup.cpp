@@ -72,7 +72,7 @@ size_t boardStride(size_t boardBytes) {
 
 RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& options)
     : mesh_(mesh),
-      registrations_(options.registrations),
+      zeroCopy_(options.zeroCopy),
       zeroCopyMinBytes_(options.zeroCopyMinBytes),
       rank_(mesh.rank()),
       size_(mesh.size()),

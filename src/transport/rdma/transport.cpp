@@ -72,8 +72,9 @@ bool RdmaTransport::trySend(int to, const Header& header, const uint8_t* data,
   if (direct) h.flags |= kDirect;
   std::memcpy(slot, &h, sizeof h);
   std::shared_ptr<const Registration> registration;
-  if (owner && registrations_ != nullptr && header.payload >= zeroCopyMinBytes_) {
-    registration = registrations_->find(data, header.payload);
+  if (owner && zeroCopy_ && owner->registrations() != nullptr &&
+      header.payload >= zeroCopyMinBytes_) {
+    registration = owner->registrations()->find(data, header.payload);
   }
   if (header.payload > 0 && !registration) {
     std::memcpy(slot + kHeaderBytes, data, header.payload);

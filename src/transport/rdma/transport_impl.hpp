@@ -108,9 +108,6 @@ class RdmaTransport final : public Transport, public Board {
                const std::shared_ptr<ZeroCopyWrites>& owner,
                std::optional<DirectTarget> direct) override;
   void reserveCredits(size_t slots) override { creditReserve_ = slots; }
-  void useRegistrations(const RegistrationCache* registrations) override {
-    registrations_ = registrations;
-  }
   std::string describePeer(int peer) const override;
   const uint8_t* payload(int peer, int slot) const override {
     return this->peer(peer).recvBase + static_cast<size_t>(slot) * slotBytes_ + wire::kHeaderBytes;
@@ -232,7 +229,7 @@ class RdmaTransport final : public Transport, public Board {
   std::vector<std::pair<int, Error>> asyncFailures_;
 
   Mesh& mesh_;
-  const RegistrationCache* registrations_;
+  bool zeroCopy_;
   size_t zeroCopyMinBytes_;
   int rank_;
   int size_;

@@ -474,13 +474,13 @@ TEST(Link, TwoGroupsOnOneChannelFailInsteadOfMixingTheirMessages) {
   Links links(2, /*slots=*/2, /*slotBytes=*/256);
   const uint32_t a = Link::groupTag("group-a"), b = Link::groupTag("group-b");
   ASSERT_NE(a, b);
-  auto a0 = links.of[0]->open(1, 0, {0, 1}, nullptr, a);
+  auto a0 = links.of[0]->open(1, 0, {0, 1}, a);
   const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 1};
   ASSERT_TRUE(a0->trySend(1, h, nullptr));  // early at rank 1
   Arrivals got;
   auto world1 = links.of[1]->open(0, 1, {0, 1});
   world1->poll(got);
-  auto b1 = links.of[1]->open(1, 1, {0, 1}, nullptr, b);
+  auto b1 = links.of[1]->open(1, 1, {0, 1}, b);
   b1->poll(got);
   ASSERT_TRUE(got.got.empty()) << "a message of group A was received by group B";
   ASSERT_EQ(got.failures.size(), 1u);
