@@ -50,6 +50,16 @@ struct Links {
   }
 };
 
+// Two ranks, two slots of 256 bytes each way, and two groups over them:
+// the world (channel 0) and a pair (channel 1), open at both ends.
+struct WorldAndPair {
+  Links links{2, /*slots=*/2, /*slotBytes=*/256};
+  std::unique_ptr<Transport> world0 = links.of[0]->open(0, 0, {0, 1});
+  std::unique_ptr<Transport> world1 = links.of[1]->open(0, 1, {0, 1});
+  std::unique_ptr<Transport> pair0 = links.of[0]->open(1, 0, {0, 1});
+  std::unique_ptr<Transport> pair1 = links.of[1]->open(1, 1, {0, 1});
+};
+
 // What a channel's poll delivered, for tests that poll channels themselves.
 struct Arrivals final : TransportSink {
   std::vector<std::pair<int, Incoming>> got;
@@ -503,11 +513,8 @@ TEST(Link, TwoGroupsOnOneChannelFailInsteadOfMixingTheirMessages) {
 // group's messages it has not released) tells that peer once one is free,
 // not at the peer's timeout.
 TEST(Link, ALeaveMessageWaitsForAFreeSlot) {
-  Links links(2, /*slots=*/2, /*slotBytes=*/256);
-  auto world0 = links.of[0]->open(0, 0, {0, 1});
-  auto world1 = links.of[1]->open(0, 1, {0, 1});
-  auto pair0 = links.of[0]->open(1, 0, {0, 1});
-  auto pair1 = links.of[1]->open(1, 1, {0, 1});
+  WorldAndPair g;
+  auto& [links, world0, world1, pair0, pair1] = g;
   const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 1};
   ASSERT_TRUE(world0->trySend(1, h, nullptr));
   ASSERT_TRUE(world0->trySend(1, h, nullptr));
@@ -564,11 +571,8 @@ TEST(Link, ChannelNumbersAreTheirFoundersOwnAndDrawnOnce) {
 // early messages of a group to come), and forgets the channel once every
 // member has sent its leave message: nothing can follow that.
 TEST(Link, AClosedChannelDropsLateMessagesUntilEveryMemberLeft) {
-  Links links(2, /*slots=*/2, /*slotBytes=*/256);
-  auto world0 = links.of[0]->open(0, 0, {0, 1});
-  auto world1 = links.of[1]->open(0, 1, {0, 1});
-  auto pair0 = links.of[0]->open(1, 0, {0, 1});
-  auto pair1 = links.of[1]->open(1, 1, {0, 1});
+  WorldAndPair g;
+  auto& [links, world0, world1, pair0, pair1] = g;
   pair0.reset();
   EXPECT_EQ(links.of[0]->closedChannels(), 1u);
   const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 1};
