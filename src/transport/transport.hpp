@@ -161,6 +161,35 @@ class Board {
   ~Board() = default;
 };
 
+// Writes into peers' memory registered for them, and memory of this
+// process's own that peers may write: what a later group's one-shot board
+// over a link needs from the link's transport (Link::Channel).
+class RemoteWrites {
+ public:
+  // `bytes` of zeroed memory, registered for remote writes in this
+  // transport's protection domain: its rkey is usable through any queue
+  // pair of it (docs/security.md). `keep` holds it registered.
+  struct Region {
+    uint8_t* data = nullptr;
+    uint64_t addr = 0;
+    uint32_t rkey = 0;
+    std::shared_ptr<void> keep;
+  };
+  virtual Region registerRegion(size_t bytes) = 0;
+  // The one-shot board's payload limit on these connections, the same on
+  // every rank (0: they have no board, and neither does a later group).
+  virtual size_t boardBytes() const noexcept = 0;
+  // Whether one more write to `peer` fits its send queue now.
+  virtual bool room(int peer) const = 0;
+  // Writes `length` bytes from `data` (inline: the buffer may be reused at
+  // once) to `addr` of `peer`'s memory under `rkey`. Throws Error when the
+  // write cannot be posted.
+  virtual void write(int peer, uint64_t addr, uint32_t rkey, const void* data, uint32_t length) = 0;
+
+ protected:
+  ~RemoteWrites() = default;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -269,6 +298,9 @@ class Transport {
   // RDMACC_SHM_ONE_SHOT_BYTES is not 0, or one RDMA rail carries every peer
   // and RDMACC_RDMA_ONE_SHOT_BYTES is not 0 on every rank; null otherwise.
   virtual Board* board() noexcept { return nullptr; }
+  // Writes into peers' registered memory (RDMA), for boards of groups that
+  // share these connections; null where there are none.
+  virtual RemoteWrites* remoteWrites() noexcept { return nullptr; }
 };
 
 }  // namespace rdmacc

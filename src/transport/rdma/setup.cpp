@@ -6,7 +6,7 @@
 
 #include "rdmacc/error.hpp"
 #include "rdmacc/log.hpp"
-#include "src/transport/rdma/board_words.hpp"
+#include "src/transport/board_words.hpp"
 #include "src/transport/rdma/handshake.hpp"
 #include "src/transport/rdma/transport.hpp"
 #include "src/transport/rdma/transport_impl.hpp"
@@ -63,10 +63,6 @@ size_t boardBytesOffered(const Mesh& mesh, size_t wanted) {
       {wanted, board_words::maxPayload(mesh.grantedInline()), size_t{handshake::kMaxBoardBytes}});
 }
 
-// The bytes between a source's board entries, for entries of `boardBytes`.
-size_t boardStride(size_t boardBytes) {
-  return roundUp(8 * board_words::entryWords(boardBytes), 64);
-}
 
 }  // namespace
 
@@ -103,7 +99,7 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& o
                 "lower RDMACC_SLOTS_PER_PEER or RDMACC_SLOT_BYTES");
   }
   const size_t boardOffer = mesh.lazy() ? 0 : boardBytesOffered(mesh, options.rdmaOneShotBytes);
-  if (boardOffer > 0) boardStride_ = boardStride(boardOffer);
+  if (boardOffer > 0) boardStride_ = WrittenBoard::stride(boardOffer);
   mesh.setLocalSlots({.slotsPerPeer = static_cast<uint16_t>(slotsPerPeer_),
                       .slotBytes = static_cast<uint32_t>(slotBytes_),
                       .boardBytes = static_cast<uint8_t>(boardOffer),
@@ -127,7 +123,7 @@ RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& o
     if (lanes.front().boardBytes > 0) {
       peer(rank).boardRemote =
           lanes.front().base + static_cast<uint64_t>(slotsPerPeer_) * slotBytes_;
-      peer(rank).boardRemoteStride = boardStride(lanes.front().boardBytes);
+      peer(rank).boardRemoteStride = WrittenBoard::stride(lanes.front().boardBytes);
       peer(rank).boardRkey = lanes.front().rkey;
     }
   }

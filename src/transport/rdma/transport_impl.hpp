@@ -20,6 +20,7 @@
 #include "src/transport/slot_window.hpp"
 #include "src/transport/transport.hpp"
 #include "src/transport/wire.hpp"
+#include "src/transport/written_board.hpp"
 #include "verbs/qp.hpp"
 
 namespace rdmacc {
@@ -88,13 +89,7 @@ struct PeerState {
   verbs::MrPtr recvMr, stagingMr;
 };
 
-// Entries per source in a one-shot board: two, used alternately. A rank
-// posts board operation b+2 only after it read every peer's b+1, which each
-// peer posted only after it had read b: the entry b+2 overwrites is free, no
-// consumed marks travel.
-inline constexpr size_t kBoardEntries = 2;
-
-class RdmaTransport final : public Transport, public Board {
+class RdmaTransport final : public Transport, public Board, private RemoteWrites {
  public:
   RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& options);
   ~RdmaTransport() override { mesh_.dropWindows(); }
@@ -157,20 +152,25 @@ class RdmaTransport final : public Transport, public Board {
   // the lower one's keep-alive probe connects (a crossing is resolved as
   // ever).
   bool startsPreparedPair(int peer) const noexcept { return peer < rank_; }
-  Board* board() noexcept override { return boardMax_ > 0 ? this : nullptr; }
+  Board* board() noexcept override { return board_ ? this : nullptr; }
+  RemoteWrites* remoteWrites() noexcept override { return this; }
   std::optional<std::chrono::microseconds> pollingSleep() override;
 
-  // Board (transport/rdma/board.cpp): one inline RDMA WRITE per peer and operation
-  // into the peer's board region, read there by polling memory
-  // (transport/rdma/board_words.hpp); posted through lane 0's queue like any write, so
-  // only with the progress lock (exclusive()).
-  size_t maxBytes() const noexcept override { return boardMax_; }
-  bool writable(uint64_t sequence) override;
-  void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override;
-  const uint8_t* mine(uint64_t) const override { return boardMine_.data(); }
-  const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override;
-  void consumed(uint64_t sequence) override;
-  void engineWaits(bool waits) override;
+  // Board (src/transport/written_board.hpp): one inline RDMA WRITE per peer
+  // and operation into the board entries after this rank's slots in that
+  // peer's region; posted through lane 0's queue like any write, so only
+  // with the progress lock (exclusive()).
+  size_t maxBytes() const noexcept override { return board_->maxBytes(); }
+  bool writable(uint64_t) override { return board_->writable(); }
+  void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override {
+    board_->post(sequence, check, data, bytes);
+  }
+  const uint8_t* mine(uint64_t) const override { return board_->mine(); }
+  const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override {
+    return board_->peek(peer, sequence, check, bytes, peerAddress(peer));
+  }
+  void consumed(uint64_t sequence) override { board_->consumed(sequence); }
+  void engineWaits(bool waits) override { board_->engineWaits(waits); }
   bool quiet() const override { return !pollSaturated_; }
   bool exclusive() const noexcept override { return true; }
 
@@ -241,22 +241,19 @@ class RdmaTransport final : public Transport, public Board {
   uint64_t arrivals_ = 0;
   bool pollSaturated_ = false;  // the last poll() took as many completions as it could
 
+  // RemoteWrites (transport/rdma/board.cpp): this group's board entries
+  // and, over a link, a later group's.
+  Region registerRegion(size_t bytes) override;
+  size_t boardBytes() const noexcept override { return board_ ? board_->maxBytes() : 0; }
+  bool room(int peer) const override { return !sendQueueFull(this->peer(peer).lanes[0]); }
+  void write(int peer, uint64_t addr, uint32_t rkey, const void* data, uint32_t length) override;
+
   // The one-shot board: kBoardEntries entries of boardStride_ bytes per
   // source rank, after the slots of that source's region (its rkey lets
   // that peer write its own entries and nothing else).
   void setUpBoard(size_t maxBytes);
-  size_t boardMax_ = 0;  // the group's: 0, no board
   size_t boardStride_ = 0;
-  uint64_t boardPosted_ = 0;    // board operations posted so far
-  uint64_t boardSequence_ = 0;  // the collective of the open one
-  size_t boardBytes_ = 0;
-  bool boardOpen_ = false;  // posted, not yet consumed
-  std::vector<uint64_t> boardWords_;
-  std::vector<uint8_t> boardMine_;
-  std::vector<uint8_t> boardIn_;  // [rank][boardMax_]: peers' decoded payloads
-  ByRank<uint8_t> boardHave_;     // by rank: decoded for the open operation
-  bool boardWaits_ = false;
-  std::chrono::microseconds boardSleep_{0};
+  std::optional<WrittenBoard> board_;  // the group's; none when 0 bytes
 };
 
 }  // namespace rdmacc::rdma

@@ -1,6 +1,6 @@
 // The RDMA board's entry format: what a reader accepts from the words a
 // peer's write placed, in any order and partly, and what it refuses.
-#include "src/transport/rdma/board_words.hpp"
+#include "src/transport/board_words.hpp"
 
 #include <gtest/gtest.h>
 
