@@ -63,7 +63,7 @@ VerbsBackend::Impl::Placement VerbsBackend::Impl::placePeers(const Options& opti
   p.suits = fmt::format("{} {} {} {} {}", transport, config.getString("RDMACC_HOST_ID"),
                         config.getInt("RDMACC_SLOTS_PER_PEER"), config.getInt("RDMACC_SLOT_BYTES"),
                         auth::loadKey(config));
-  LinkOffers offers = offerLinks(share, p.suits, rank == 0);
+  LinkOffers offers = offerLinks(share, p.suits, rank == 0, size);
   // A process with connections to share skips it: the group may not need
   // a mesh of its own.
   if (offers.held.empty() &&
@@ -120,6 +120,7 @@ VerbsBackend::Impl::Placement VerbsBackend::Impl::placePeers(const Options& opti
     linkMesh = std::move(attach->mesh);
     p.channel = attach->channel;
     p.toBase = std::move(attach->toBase);
+    p.board = std::move(attach->board);
     return p;
   }
   p.linkId = foundingLinkId(offered);
@@ -157,7 +158,8 @@ void VerbsBackend::Impl::startRails(const std::vector<bool>& shm,
 RdmaPath VerbsBackend::Impl::rdmaPath(const Placement& placement) {
   RdmaPath path;
   if (link) {
-    path.channel = link->open(placement.channel, rank, placement.toBase, Link::groupTag(group));
+    path.channel = link->open(placement.channel, rank, placement.toBase, Link::groupTag(group),
+                              placement.board);
     return path;
   }
   if (placement.linkId.empty() || rails.size() != 1) return path;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -14,8 +15,8 @@ namespace rdmacc {
 namespace {
 
 // Offers per record: a carried line holds 512 bytes (host_identity.hpp),
-// and an offer takes at most 55 of them.
-constexpr size_t kMaxOffers = 8;
+// and an offer takes at most 77 of them.
+constexpr size_t kMaxOffers = 6;
 constexpr size_t kIdChars = 32;  // 128 random bits
 
 struct Registered {
@@ -32,6 +33,7 @@ struct Offer {
   std::string id;
   int linkRank = -1;
   uint32_t channel = 0;  // rank 0's: the channel it drew for the group
+  std::optional<std::pair<uint64_t, uint32_t>> board;  // its board region: address, rkey
 };
 struct Parsed {
   std::string candidate;  // "-": sharing off
@@ -48,6 +50,23 @@ template <typename T>
 bool number(std::string_view text, T& out) {
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
   return ec == std::errc() && end == text.data() + text.size() && !text.empty();
+}
+
+// A board region's address and rkey in hexadecimal, or "-" for both.
+bool boardField(std::string_view addr, std::string_view rkey,
+                std::optional<std::pair<uint64_t, uint32_t>>& out) {
+  if (addr == "-" && rkey == "-") return true;
+  std::pair<uint64_t, uint32_t> region;
+  auto hex = [](std::string_view text, auto& value) {
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, 16);
+    return ec == std::errc() && end == text.data() + text.size() && !text.empty();
+  };
+  if (addr.size() > 16 || rkey.size() > 8 || !hex(addr, region.first) ||
+      !hex(rkey, region.second) || region.first == 0) {
+    return false;
+  }
+  out = region;
+  return true;
 }
 
 Parsed parse(const std::string& line, int rank) {
@@ -75,9 +94,9 @@ Parsed parse(const std::string& line, int rank) {
     Offer o;
     // Rank 0 draws the group's channel; the others name none.
     const bool channel =
-        parts.size() == 3 && (rank == 0 ? number(parts[2], o.channel) : parts[2] == "-");
-    if (parts.size() != 3 || !validId(parts[0]) || !number(parts[1], o.linkRank) ||
-        o.linkRank < 0 || !channel) {
+        parts.size() == 5 && (rank == 0 ? number(parts[2], o.channel) : parts[2] == "-");
+    if (parts.size() != 5 || !validId(parts[0]) || !number(parts[1], o.linkRank) ||
+        o.linkRank < 0 || !channel || !boardField(parts[3], parts[4], o.board)) {
       throw malformed(fmt::format("offer {}", i));
     }
     o.id = parts[0];
@@ -92,7 +111,7 @@ Parsed parse(const std::string& line, int rank) {
 
 }  // namespace
 
-LinkOffers offerLinks(bool share, const std::string& suits, bool founder) {
+LinkOffers offerLinks(bool share, const std::string& suits, bool founder, int members) {
   LinkOffers offers;
   if (!share) {
     offers.line = "-";
@@ -114,8 +133,10 @@ LinkOffers offerLinks(bool share, const std::string& suits, bool founder) {
       channel = std::to_string(*drawn);
     }
     auto mesh = it->mesh.lock();  // the link holds it
-    offers.line += fmt::format(" {}:{}:{}", it->id, link->rank(), channel);
-    offers.held.push_back({it->id, std::move(link), std::move(mesh)});
+    auto board = link->registerBoard(members);
+    offers.line += fmt::format(" {}:{}:{}:{}", it->id, link->rank(), channel,
+                               board ? fmt::format("{:x}:{:x}", board->addr, board->rkey) : "-:-");
+    offers.held.push_back({it->id, std::move(link), std::move(mesh), std::move(board)});
   }
   return offers;
 }
@@ -130,6 +151,7 @@ std::optional<LinkChoice> chooseLink(const LinkOffers& mine, const std::vector<s
   }
   for (const Offer& first : parsed[0].offers) {
     LinkChoice choice;
+    std::vector<const Offer*> offersOf;  // by group rank: its offer of this link
     bool everyone = true;
     for (const Parsed& p : parsed) {
       auto o = std::find_if(p.offers.begin(), p.offers.end(),
@@ -139,6 +161,7 @@ std::optional<LinkChoice> chooseLink(const LinkOffers& mine, const std::vector<s
         break;
       }
       choice.toBase.push_back(o->linkRank);
+      offersOf.push_back(&*o);
     }
     choice.channel = first.channel;
     if (!everyone) continue;
@@ -177,6 +200,14 @@ std::optional<LinkChoice> chooseLink(const LinkOffers& mine, const std::vector<s
     }
     choice.link = held->link;
     choice.mesh = held->mesh;
+    // A board when every member registered a region (all or none do: the
+    // link's connections have one or not, the same on every member).
+    if (held->board && std::all_of(offersOf.begin(), offersOf.end(),
+                                   [](const Offer* o) { return o->board.has_value(); })) {
+      Link::ChannelBoard board{.mine = *held->board};
+      for (const Offer* o : offersOf) board.regions.push_back(*o->board);
+      choice.board = std::move(board);
+    }
     return choice;
   }
   return std::nullopt;

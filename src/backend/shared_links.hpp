@@ -22,21 +22,26 @@ struct OfferedLink {
   std::string id;
   std::shared_ptr<Link> link;
   std::shared_ptr<Mesh> mesh;  // the link's (its protection domain, counters)
+  // The region this rank registered for the group's one-shot board over
+  // the link (Link::registerBoard); none when the link has no board.
+  std::optional<RemoteWrites::Region> board;
 };
 
 // What a forming group's rank tells the others: `line`, a carried line of
 // its host record: the id this rank would give a link the group founds
-// (rank 0's is taken), then "id:linkRank:channel" per link of the process
-// whose connections suit `suits` (the settings they were made with: only a
-// group with the same text may use them); "-" when sharing is off. The
-// group's rank 0 (`founder`) draws the channel the group would take on each
-// link (Link::allotChannel), the others write "-" there. `held` keeps those
-// links alive until the group has decided.
+// (rank 0's is taken), then "id:linkRank:channel:address:rkey" per link of
+// the process whose connections suit `suits` (the settings they were made
+// with: only a group with the same text may use them); "-" when sharing is
+// off. The group's rank 0 (`founder`) draws the channel the group would
+// take on each link (Link::allotChannel), the others write "-" there; the
+// address and rkey are of a region each rank registers for the group's
+// one-shot board of `members` ranks over that link ("-:-": the link has no
+// board). `held` keeps those links and regions until the group has decided.
 struct LinkOffers {
   std::string line;
   std::vector<OfferedLink> held;
 };
-LinkOffers offerLinks(bool share, const std::string& suits, bool founder);
+LinkOffers offerLinks(bool share, const std::string& suits, bool founder, int members);
 
 // What a forming group attaches to: `link`'s channel `channel` (rank 0's
 // draw), group rank r being link rank toBase[r].
@@ -45,6 +50,7 @@ struct LinkChoice {
   std::shared_ptr<Mesh> mesh;
   uint32_t channel = 0;
   std::vector<int> toBase;
+  std::optional<Link::ChannelBoard> board;  // when every member offered a region
 };
 
 // The decision, the same on every member: `lines` are every rank's offers

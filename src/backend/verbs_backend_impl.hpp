@@ -110,13 +110,14 @@ struct VerbsBackend::Impl {
   struct Placement {
     std::vector<bool> shm;  // by rank: a peer on this host, through shared memory
     size_t rdmaPeers = 0;
-    std::string segment;                   // this rank's segment name
-    std::shared_ptr<net::Fd> segmentFile;  // and its file (shm/transport.hpp)
-    std::vector<std::string> shmRecords;   // every rank's "name:pid:fd", by rank
-    uint32_t channel = 0;                  // of `link`, when the group attached to one
-    std::vector<int> toBase;               // group rank -> link rank, then
-    std::string linkId;                    // else: the link this group founds ("": none)
-    std::string suits;                     // the settings its connections are made with
+    std::string segment;                      // this rank's segment name
+    std::shared_ptr<net::Fd> segmentFile;     // and its file (shm/transport.hpp)
+    std::vector<std::string> shmRecords;      // every rank's "name:pid:fd", by rank
+    uint32_t channel = 0;                     // of `link`, when the group attached to one
+    std::vector<int> toBase;                  // group rank -> link rank, then
+    std::optional<Link::ChannelBoard> board;  // its one-shot board over the link
+    std::string linkId;                       // else: the link this group founds ("": none)
+    std::string suits;                        // the settings its connections are made with
   };
   Placement placePeers(const Options& options);
   bool lazyConnections() const;

@@ -93,14 +93,19 @@ inline Result decode(const uint64_t* words, size_t bytes, uint32_t flag, uint32_
     return r;
   }
   std::atomic_thread_fence(std::memory_order_acquire);
-  auto join = [&](size_t at) {
-    return static_cast<uint64_t>(static_cast<uint32_t>(words[at])) |
-           static_cast<uint64_t>(static_cast<uint32_t>(words[at + 1])) << 32;
+  // Read atomically again: a writer in this process (a test's) stores them
+  // so, and the sanitizers see no race.
+  auto at = [&](size_t w) {
+    return std::atomic_ref<const uint64_t>(words[w]).load(std::memory_order_relaxed);
+  };
+  auto join = [&](size_t w) {
+    return static_cast<uint64_t>(static_cast<uint32_t>(at(w))) |
+           static_cast<uint64_t>(static_cast<uint32_t>(at(w + 1))) << 32;
   };
   r.head = Decoded{.sequence = join(0), .check = join(2), .bytes = join(4)};
   r.state = State::Complete;
   for (size_t w = 0; w < payloadWords(bytes); ++w) {
-    const auto content = static_cast<uint32_t>(words[kHeadWords + w]);
+    const auto content = static_cast<uint32_t>(at(kHeadWords + w));
     std::memcpy(payload + 4 * w, &content, std::min<size_t>(4, bytes - 4 * w));
   }
   return r;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "rdmacc/log.hpp"
+#include "src/transport/written_board.hpp"
 
 namespace rdmacc {
 namespace {
@@ -63,6 +64,15 @@ bool Link::foundedBy(uint32_t channel, int founder, int size) {
          channel % static_cast<uint32_t>(size) == static_cast<uint32_t>(founder);
 }
 
+std::optional<RemoteWrites::Region> Link::registerBoard(int members) {
+  std::lock_guard lock(mutex_);
+  RemoteWrites* writes = base_->remoteWrites();
+  const size_t bytes = writes != nullptr ? writes->boardBytes() : 0;
+  if (bytes == 0 || members < 2) return std::nullopt;
+  return writes->registerRegion(static_cast<size_t>(members) * kBoardEntries *
+                                WrittenBoard::stride(bytes));
+}
+
 size_t Link::closedChannels() const {
   std::lock_guard lock(mutex_);
   return closed_.size();
@@ -111,8 +121,8 @@ void Link::arrived(int peer, const Incoming& in) {
     // A group closed here: what its peers still send has no taker.
     base_->release(peer, in.slot);
     if (in.header.kind == wire::MessageKind::Leave) {
-      std::erase(it->second, peer);
-      if (it->second.empty()) closed_.erase(it);
+      std::erase(it->second.awaited, peer);
+      if (it->second.awaited.empty()) closed_.erase(it);
     }
     return;
   }
@@ -237,8 +247,8 @@ void Link::takeDepartures() {
     if (departed_[peer]) continue;
     departed_[peer] = true;
     for (auto it = closed_.begin(); it != closed_.end();) {
-      std::erase(it->second, peer);
-      it = it->second.empty() ? closed_.erase(it) : std::next(it);
+      std::erase(it->second.awaited, peer);
+      it = it->second.awaited.empty() ? closed_.erase(it) : std::next(it);
     }
     for (auto& [channel, o] : open_) {
       if (o->fromBase[peer] < 0) continue;
@@ -248,16 +258,19 @@ void Link::takeDepartures() {
   }
 }
 
-void Link::close(uint32_t channel, const std::vector<std::pair<int, int>>& held) {
+void Link::close(uint32_t channel, const std::vector<std::pair<int, int>>& held,
+                 std::shared_ptr<void> board) {
   std::lock_guard lock(mutex_);
   Open& o = *open_.at(channel);
   // The group's peers learn that it is gone here at once, as from a group's
   // own connections closing, not at their timeout. Not through a new
   // connection: a peer never connected learns it at its timeout, as when a
-  // group's own lazy connections close (it had none to lose).
+  // group's own lazy connections close (it had none to lose). Also to a
+  // peer that left first: its record of the closed channel (and its
+  // board's region) waits for this rank's leave message.
   const wire::Header leave{.kind = wire::MessageKind::Leave, .channel = channel, .group = o.group};
   for (int b = 0; b < size_; ++b) {
-    if (b != rank_ && o.fromBase[b] >= 0 && !o.left[b] && base_->connected(b)) {
+    if (b != rank_ && o.fromBase[b] >= 0 && base_->connected(b)) {
       leaves_.push_back({b, leave});
     }
   }
@@ -281,7 +294,7 @@ void Link::close(uint32_t channel, const std::vector<std::pair<int, int>>& held)
       awaited.push_back(b);
     }
   }
-  if (!awaited.empty()) closed_[channel] = std::move(awaited);
+  if (!awaited.empty()) closed_[channel] = Closed{std::move(awaited), std::move(board)};
   open_.erase(channel);
   --channels_;
   // Sleepers may have relied on the group's thread.

@@ -67,15 +67,30 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // Whether `channel` is a number link rank `founder` of a link of `size`
   // ranks may draw (a check every member makes of rank 0's offer).
   static bool foundedBy(uint32_t channel, int founder, int size);
+  // A later group's one-shot board over the link: the region this process
+  // registered for it (registerBoard: group rank r writes its entries at
+  // r x kBoardEntries x the stride) and every member's, by group rank
+  // (address, rkey), as their records published them.
+  struct ChannelBoard {
+    RemoteWrites::Region mine;
+    std::vector<std::pair<uint64_t, uint32_t>> regions;
+  };
+  // A region for a later group's board of `members` ranks, registered in
+  // the link's protection domain; nullopt when the link's connections have
+  // no board (then no group over them has one: the same on every rank).
+  std::optional<RemoteWrites::Region> registerBoard(int members);
+
   // A group's transport over the link: group rank r is link rank toBase[r]
   // (-1: a peer this link does not carry), this process group rank `rank`;
   // its zero-copy sends' registrations come with them (made in the link's
   // protection domain: ZeroCopyWrites::registrations); its messages carry `group`
   // (groupTag of its name), and one that arrives with another fails the
-  // group naming the collision. Throws Error(InvalidArgument) when
-  // `channel` was opened here before.
+  // group naming the collision. With `board`, a channel other than 0 has a
+  // one-shot board of its own (channel 0 has the base's). Throws
+  // Error(InvalidArgument) when `channel` was opened here before.
   std::unique_ptr<Transport> open(uint32_t channel, int rank, std::vector<int> toBase,
-                                  uint32_t group = 0);
+                                  uint32_t group = 0,
+                                  std::optional<ChannelBoard> board = std::nullopt);
   // The tag a group's messages carry over a link: a hash of its name, the
   // same on every member.
   static uint32_t groupTag(std::string_view name);
@@ -164,7 +179,9 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   bool contended(int peer) const;
   // The channel's group is gone: the slots it held, (link rank, slot), go
   // back, and each connected peer of the group is sent a leave message.
-  void close(uint32_t channel, const std::vector<std::pair<int, int>>& held);
+  // `board` (its board's region) stays registered until every peer left.
+  void close(uint32_t channel, const std::vector<std::pair<int, int>>& held,
+             std::shared_ptr<void> board);
   // Under mutex_: the leave messages that found no slot free, tried again
   // (after a poll of the base, which may have brought credits back).
   void sendLeaves();
@@ -177,9 +194,14 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   std::unique_ptr<Transport> base_;
   std::map<uint32_t, Open*> open_;
   // Closed here: the link ranks of the group that have not sent their leave
-  // message yet, whose late messages are dropped. RC delivers in order, so
-  // once all have, nothing more can come for it and the record goes.
-  std::map<uint32_t, std::vector<int>> closed_;
+  // message yet, whose late messages are dropped, and the region of its
+  // board, which they may still write. RC delivers in order, so once all
+  // have, nothing more can come for it and the record goes.
+  struct Closed {
+    std::vector<int> awaited;
+    std::shared_ptr<void> board;
+  };
+  std::map<uint32_t, Closed> closed_;
   // Leave messages to send when a slot at their peer is free: a group that
   // goes while its peers' slots are full still tells them at once (a few
   // slots come back with any of their traffic), not at their timeout.

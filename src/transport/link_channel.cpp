@@ -10,6 +10,7 @@
 
 #include "rdmacc/log.hpp"
 #include "src/transport/link.hpp"
+#include "src/transport/written_board.hpp"
 
 namespace rdmacc {
 namespace {
@@ -40,7 +41,7 @@ class EventFd {
 class Link::Channel final : public Transport, private Board {
  public:
   Channel(std::shared_ptr<Link> link, uint32_t id, int rank, std::vector<int> toBase,
-          uint32_t group)
+          uint32_t group, std::optional<ChannelBoard> board)
       : link_(std::move(link)),
         base_(*link_->base_),
         id_(id),
@@ -69,6 +70,7 @@ class Link::Channel final : public Transport, private Board {
           ErrorKind::Internal,
           fmt::format("this process is link rank {}, not group rank {}'s", link_->rank_, rank_));
     }
+    if (board && id_ != 0) setUpBoard(std::move(*board));
     std::lock_guard lock(link_->mutex_);
     if (link_->open_.contains(id_) || link_->closed_.contains(id_)) {
       throw Error(ErrorKind::InvalidArgument,
@@ -114,7 +116,7 @@ class Link::Channel final : public Transport, private Board {
     for (size_t r = 0; r < held_.size(); ++r) {
       for (int slot : held_[r]) held.emplace_back(toBase_[r], slot);
     }
-    link_->close(id_, held);
+    link_->close(id_, held, std::move(boardRegion_));
   }
 
   size_t chunkBytes() const noexcept override { return base_.chunkBytes(); }
@@ -327,14 +329,22 @@ class Link::Channel final : public Transport, private Board {
   uint64_t contention() const override {
     return link_->contention_.load(std::memory_order_relaxed);
   }
+  // The sooner of the base's (channel 0's board, a connection retried)
+  // and this group's own board's.
   std::optional<std::chrono::microseconds> pollingSleep() override {
     std::lock_guard lock(link_->mutex_);
-    return base_.pollingSleep();
+    auto sleep = base_.pollingSleep();
+    if (own_) {
+      if (auto mine = own_->pollingSleep(); mine && (!sleep || *mine < *sleep)) sleep = mine;
+    }
+    return sleep;
   }
-  // The founding group's one-shot board stays its own (its entries follow
-  // its collectives' sequence numbers); it posts through the shared queues,
-  // so under the link's mutex too.
+  // Channel 0's one-shot board is the founding group's (its entries follow
+  // its collectives' sequence numbers); a later group's is its own, in
+  // memory each member registered for it. Both post through the shared
+  // queues, so under the link's mutex too.
   Board* board() noexcept override {
+    if (own_) return this;
     if (id_ != 0) return nullptr;
     std::lock_guard lock(link_->mutex_);
     board_ = base_.board();
@@ -351,34 +361,84 @@ class Link::Channel final : public Transport, private Board {
     return b;
   }
 
-  size_t maxBytes() const noexcept override { return board_->maxBytes(); }
+  // A later group's board: its own region, group rank r's entries at
+  // r x kBoardEntries x the stride in every member's; written through the
+  // base's queue pairs to the members' link ranks.
+  void setUpBoard(ChannelBoard board) {
+    RemoteWrites* writes = base_.remoteWrites();
+    const size_t bytes = writes != nullptr ? writes->boardBytes() : 0;
+    if (bytes == 0 || board.regions.size() != toBase_.size()) {
+      throw Error(ErrorKind::Internal,
+                  fmt::format("a board of {} regions for a group of {} over connections with a "
+                              "board of {} bytes",
+                              board.regions.size(), toBase_.size(), bytes));
+    }
+    const size_t stride = WrittenBoard::stride(bytes);
+    const size_t mineAt = static_cast<size_t>(rank_) * kBoardEntries * stride;
+    std::vector<BoardTarget> targets(toBase_.size());
+    for (size_t r = 0; r < toBase_.size(); ++r) {
+      if (static_cast<int>(r) == rank_) continue;
+      targets[r] = {.via = linkRank(static_cast<int>(r)),
+                    .addr = board.regions[r].first + mineAt,
+                    .stride = stride,
+                    .rkey = board.regions[r].second};
+    }
+    const uint8_t* region = board.mine.data;
+    own_.emplace(rank_, static_cast<int>(toBase_.size()), bytes, *writes, std::move(targets),
+                 [region, stride](int from, size_t entry) {
+                   return reinterpret_cast<const uint64_t*>(
+                       region + (static_cast<size_t>(from) * kBoardEntries + entry) * stride);
+                 });
+    boardRegion_ = std::move(board.mine.keep);
+  }
+
+  size_t maxBytes() const noexcept override { return own_ ? own_->maxBytes() : board_->maxBytes(); }
   bool writable(uint64_t sequence) override {
     std::lock_guard lock(link_->mutex_);
-    return board_->writable(sequence);
+    return own_ ? own_->writable() : board_->writable(sequence);
   }
   void post(uint64_t sequence, uint64_t check, const uint8_t* data, size_t bytes) override {
     std::lock_guard lock(link_->mutex_);
-    board_->post(sequence, check, data, bytes);
+    if (own_) {
+      own_->post(sequence, check, data, bytes);
+    } else {
+      board_->post(sequence, check, data, bytes);
+    }
   }
   const uint8_t* mine(uint64_t sequence) const override {
     std::lock_guard lock(link_->mutex_);
-    return board_->mine(sequence);
+    return own_ ? own_->mine() : board_->mine(sequence);
   }
   const uint8_t* peek(int peer, uint64_t sequence, uint64_t check, size_t bytes) override {
     std::lock_guard lock(link_->mutex_);
+    if (own_) return own_->peek(peer, sequence, check, bytes, base_.peerAddress(linkRank(peer)));
     return board_->peek(linkRank(peer), sequence, check, bytes);
   }
   void consumed(uint64_t sequence) override {
     std::lock_guard lock(link_->mutex_);
-    board_->consumed(sequence);
+    if (own_) {
+      own_->consumed(sequence);
+    } else {
+      board_->consumed(sequence);
+    }
   }
   void engineWaits(bool waits) override {
     std::lock_guard lock(link_->mutex_);
-    board_->engineWaits(waits);
+    if (own_) {
+      own_->engineWaits(waits);
+    } else {
+      board_->engineWaits(waits);
+    }
   }
+  // Own board: nothing handed to this group waits to be taken (another
+  // group's poll may have queued it) and the base's last poll was not cut
+  // short.
   bool quiet() const override {
     std::lock_guard lock(link_->mutex_);
-    return board_->quiet();
+    if (!own_) return board_->quiet();
+    const Board* base = base_.board();
+    return state_.queue.empty() && state_.failures.empty() && state_.disconnected.empty() &&
+           (base == nullptr || base->quiet());
   }
   bool exclusive() const noexcept override { return true; }
 
@@ -395,12 +455,15 @@ class Link::Channel final : public Transport, private Board {
   Open state_;                   // in link_->open_ while the channel lives
   std::vector<Delivery> taken_;  // poll's, reused
   std::vector<std::pair<int, Error>> failures_;
-  Board* board_ = nullptr;
+  Board* board_ = nullptr;             // channel 0's: the base's
+  std::optional<WrittenBoard> own_;    // a later group's
+  std::shared_ptr<void> boardRegion_;  // own_'s memory, registered
 };
 
 std::unique_ptr<Transport> Link::open(uint32_t channel, int rank, std::vector<int> toBase,
-                                      uint32_t group) {
-  return std::make_unique<Channel>(shared_from_this(), channel, rank, std::move(toBase), group);
+                                      uint32_t group, std::optional<ChannelBoard> board) {
+  return std::make_unique<Channel>(shared_from_this(), channel, rank, std::move(toBase), group,
+                                   std::move(board));
 }
 
 }  // namespace rdmacc

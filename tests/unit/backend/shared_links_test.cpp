@@ -33,9 +33,9 @@ TEST(SharedLinks, MembersAttachToTheFirstLinkOfRankZerosThatEveryoneHas) {
   // 0..2 of it, in another order.
   auto link = std::make_shared<Link>(net->transport(2), 2, 4, 1 << 20);
   const std::vector<std::string> lines = {
-      fmt::format("{} {}:9:1 {}:3:7", kC, kA, kB),  // rank 0 offers A first; rank 2 lacks A
-      fmt::format("{} {}:0:-", kC, kB),
-      fmt::format("{} {}:2:-", kC, kB),
+      fmt::format("{} {}:9:1:-:- {}:3:7:-:-", kC, kA, kB),  // rank 0 offers A first; rank 2 lacks A
+      fmt::format("{} {}:0:-:-:-", kC, kB),
+      fmt::format("{} {}:2:-:-:-", kC, kB),
   };
   const auto mine = offersOf(lines[2], {OfferedLink{kB, link, nullptr}});
   const auto choice = chooseLink(mine, lines, 2);
@@ -45,9 +45,30 @@ TEST(SharedLinks, MembersAttachToTheFirstLinkOfRankZerosThatEveryoneHas) {
   EXPECT_EQ(choice->toBase, (std::vector<int>{3, 0, 2}));
 }
 
+// Each member's board region rides its offer; the group has a board over
+// the link when every member's offer has one, and each member writes its
+// entries into the regions the others published, by group rank.
+TEST(SharedLinks, TheGroupsBoardIsEveryMembersRegionOrNone) {
+  auto net = std::make_shared<FakeNetwork>(2, 4, 256);
+  auto link = std::make_shared<Link>(net->transport(1), 1, 2, 1 << 20);
+  RemoteWrites::Region region{.addr = 0x5000, .rkey = 0x77};
+  const auto mine = offersOf("", {OfferedLink{kA, link, nullptr, region}});
+  const std::vector<std::string> both = {fmt::format("{} {}:0:2:a000:11", kC, kA),
+                                         fmt::format("{} {}:1:-:5000:77", kC, kA)};
+  const auto choice = chooseLink(mine, both, 1);
+  ASSERT_TRUE(choice && choice->board);
+  EXPECT_EQ(choice->board->mine.addr, 0x5000u);
+  const std::vector<std::pair<uint64_t, uint32_t>> regions{{0xa000, 0x11}, {0x5000, 0x77}};
+  EXPECT_EQ(choice->board->regions, regions);
+  const std::vector<std::string> one = {fmt::format("{} {}:0:2:-:-", kC, kA), both[1]};
+  const auto without = chooseLink(mine, one, 1);
+  ASSERT_TRUE(without);
+  EXPECT_FALSE(without->board) << "rank 0 registered none";
+}
+
 TEST(SharedLinks, NoCommonLinkOrSharingOffMeansConnectionsOfItsOwn) {
-  const std::vector<std::string> disjoint = {fmt::format("{} {}:0:2", kC, kA),
-                                             fmt::format("{} {}:0:-", kC, kB)};
+  const std::vector<std::string> disjoint = {fmt::format("{} {}:0:2:-:-", kC, kA),
+                                             fmt::format("{} {}:0:-:-:-", kC, kB)};
   EXPECT_FALSE(chooseLink(offersOf(disjoint[0]), disjoint, 0).has_value());
   EXPECT_EQ(foundingLinkId(disjoint), kC) << "rank 0's drawn id names the new link";
   const std::vector<std::string> off = {"-", "-"};
@@ -58,16 +79,22 @@ TEST(SharedLinks, NoCommonLinkOrSharingOffMeansConnectionsOfItsOwn) {
 TEST(SharedLinks, AMalformedOfferFailsNamingItsRank) {
   auto net = std::make_shared<FakeNetwork>(2, 4, 256);
   auto link = std::make_shared<Link>(net->transport(0), 0, 2, 1 << 20);
-  const std::string good = fmt::format("{} {}:0:2", kC, kA);
+  const std::string good = fmt::format("{} {}:0:2:-:-", kC, kA);
   const auto mine = offersOf(good, {OfferedLink{kA, link, nullptr}});
   for (const std::string& bad : {
            std::string("not-an-id"), fmt::format("{} {}:1", kC, kA),  // no channel field
-           fmt::format("{} {}:-1:-", kC, kA),                         // negative link rank
-           fmt::format("{} {}:1:- {}:1:-", kC, kA, kA),               // one link twice
-           fmt::format("{} {}:x:-", kC, kA),                          // not a number
-           fmt::format("{}  {}:1:-", kC, kA),                         // an empty field
-           fmt::format("- {}:1:-", kA),                               // offers while sharing is off
-           fmt::format("{} {}:1:3", kC, kA),  // a channel from a rank other than 0
+           fmt::format("{} {}:-1:-:-:-", kC, kA),                     // negative link rank
+           fmt::format("{} {}:1:-:-:- {}:1:-:-:-", kC, kA, kA),       // one link twice
+           fmt::format("{} {}:x:-:-:-", kC, kA),                      // not a number
+           fmt::format("{}  {}:1:-:-:-", kC, kA),                     // an empty field
+           fmt::format("- {}:1:-:-:-", kA),                           // offers while sharing is off
+           fmt::format("{} {}:1:3:-:-", kC, kA),    // a channel from a rank other than 0
+           fmt::format("{} {}:1:-:-", kC, kA),      // no rkey field
+           fmt::format("{} {}:1:-:10:-", kC, kA),   // an address without an rkey
+           fmt::format("{} {}:1:-:0:5", kC, kA),    // a null address
+           fmt::format("{} {}:1:-:xyz:5", kC, kA),  // not hexadecimal
+           fmt::format("{} {}:1:-:10000000000000000:5", kC, kA),  // past 64 bits
+           fmt::format("{} {}:1:-:10:100000000", kC, kA),         // an rkey past 32 bits
        }) {
     try {
       chooseLink(mine, {good, bad}, 0);
@@ -79,10 +106,10 @@ TEST(SharedLinks, AMalformedOfferFailsNamingItsRank) {
   }
   // Rank 0's channel: past 32 bits, the founding group's, or one its link
   // rank does not draw (link rank 1's).
-  const std::string second = fmt::format("{} {}:1:-", kC, kA);
+  const std::string second = fmt::format("{} {}:1:-:-:-", kC, kA);
   for (const std::string& bad :
-       {fmt::format("{} {}:0:99999999999", kC, kA), fmt::format("{} {}:0:0", kC, kA),
-        fmt::format("{} {}:0:3", kC, kA), fmt::format("{} {}:0:-", kC, kA)}) {
+       {fmt::format("{} {}:0:99999999999:-:-", kC, kA), fmt::format("{} {}:0:0:-:-", kC, kA),
+        fmt::format("{} {}:0:3:-:-", kC, kA), fmt::format("{} {}:0:-:-:-", kC, kA)}) {
     try {
       chooseLink(mine, {bad, second}, 0);
       ADD_FAILURE() << "accepted: " << bad;
@@ -94,7 +121,7 @@ TEST(SharedLinks, AMalformedOfferFailsNamingItsRank) {
   // Well formed, but naming a link rank another member has, or past the
   // link's ranks: the same check on every member, so every one fails.
   for (const std::string& clash :
-       {fmt::format("{} {}:0:-", kC, kA), fmt::format("{} {}:7:-", kC, kA)}) {
+       {fmt::format("{} {}:0:-:-:-", kC, kA), fmt::format("{} {}:7:-:-:-", kC, kA)}) {
     EXPECT_THROW(chooseLink(mine, {good, clash}, 0), Error) << clash;
   }
 }
@@ -112,16 +139,17 @@ TEST(SharedLinks, GroupsFormedAtOnceInOppositeOrdersTakeDifferentChannels) {
   // process's, which holds process 0's link).
   auto offers1 = [&](bool founder) {
     const std::string channel = founder ? std::to_string(*link1->allotChannel()) : "-";
-    return offersOf(fmt::format("{} {}:1:{}", kC, kA, channel), {OfferedLink{kA, link1, nullptr}});
+    return offersOf(fmt::format("{} {}:1:{}:-:-", kC, kA, channel),
+                    {OfferedLink{kA, link1, nullptr}});
   };
   addLink(kA, "opposite orders", link0, nullptr);
   // A's rank 0 is process 0 for the first pair; both groups have it as
   // rank 0 in the second (the same founder drawing twice).
   for (const bool sameFounder : {false, true}) {
-    const LinkOffers a0 = offerLinks(true, "opposite orders", /*founder=*/true);
+    const LinkOffers a0 = offerLinks(true, "opposite orders", /*founder=*/true, 2);
     const LinkOffers b1 = offers1(/*founder=*/!sameFounder);
     const LinkOffers a1 = offers1(/*founder=*/false);
-    const LinkOffers b0 = offerLinks(true, "opposite orders", /*founder=*/sameFounder);
+    const LinkOffers b0 = offerLinks(true, "opposite orders", /*founder=*/sameFounder, 2);
     const std::vector<std::string> aLines{a0.line, a1.line};
     const std::vector<std::string> bLines = sameFounder
                                                 ? std::vector<std::string>{b0.line, b1.line}
@@ -141,17 +169,17 @@ TEST(SharedLinks, AProcessOffersOnlyLinksMadeWithTheSameSettings) {
   auto link = std::make_shared<Link>(net->transport(1), 1, 2, 1 << 20);
   addLink(kB, "settings one", link, nullptr);
   {
-    const LinkOffers same = offerLinks(true, "settings one", /*founder=*/true);
+    const LinkOffers same = offerLinks(true, "settings one", /*founder=*/true, 2);
     ASSERT_EQ(same.held.size(), 1u);
-    EXPECT_NE(same.line.find(fmt::format(" {}:1:1", kB)), std::string::npos)
+    EXPECT_NE(same.line.find(fmt::format(" {}:1:1:-:-", kB)), std::string::npos)
         << "link rank 1's first channel: " << same.line;
-    const LinkOffers member = offerLinks(true, "settings one", /*founder=*/false);
-    EXPECT_NE(member.line.find(fmt::format(" {}:1:-", kB)), std::string::npos) << member.line;
+    const LinkOffers member = offerLinks(true, "settings one", /*founder=*/false, 2);
+    EXPECT_NE(member.line.find(fmt::format(" {}:1:-:-:-", kB)), std::string::npos) << member.line;
   }
-  EXPECT_TRUE(offerLinks(true, "settings two", true).held.empty());
-  EXPECT_EQ(offerLinks(false, "settings one", true).line, "-");
+  EXPECT_TRUE(offerLinks(true, "settings two", true, 2).held.empty());
+  EXPECT_EQ(offerLinks(false, "settings one", true, 2).line, "-");
   link.reset();
-  EXPECT_TRUE(offerLinks(true, "settings one", true).held.empty()) << "held weakly";
+  EXPECT_TRUE(offerLinks(true, "settings one", true, 2).held.empty()) << "held weakly";
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -11,7 +12,7 @@
 
 namespace rdmacc::testing {
 
-class FakeNetwork::Fake final : public Transport {
+class FakeNetwork::Fake final : public Transport, private RemoteWrites {
  public:
   Fake(std::shared_ptr<FakeNetwork> net, int rank) : net_(std::move(net)), rank_(rank) {
     address_.resize(static_cast<size_t>(net_->size_));
@@ -73,6 +74,24 @@ class FakeNetwork::Fake final : public Transport {
     std::lock_guard lock(net_->mutex_);
     net_->ranks_[static_cast<size_t>(rank_)].journal.push_back(fmt::format("prepare {}", peer));
   }
+  RemoteWrites* remoteWrites() noexcept override { return this; }
+  Region registerRegion(size_t bytes) override {
+    auto region = net_->registerRegion(rank_, bytes);
+    auto* data = reinterpret_cast<uint8_t*>(region->words.data());
+    return Region{.data = data,
+                  .addr = reinterpret_cast<uintptr_t>(data),
+                  .rkey = region->rkey,
+                  .keep = region};
+  }
+  size_t boardBytes() const noexcept override {
+    std::lock_guard lock(net_->mutex_);
+    return net_->boardBytes_;
+  }
+  bool room(int) const override { return true; }
+  void write(int peer, uint64_t addr, uint32_t rkey, const void* data, uint32_t length) override {
+    net_->write(rank_, peer, addr, rkey, data, length);
+  }
+
   std::string describePeer(int peer) const override {
     std::lock_guard lock(net_->mutex_);
     return fmt::format("{} of {} slots occupied",
@@ -192,6 +211,52 @@ bool FakeNetwork::poll(int rank, TransportSink& sink) {
 void FakeNetwork::setZeroCopy(int rank, bool on) {
   std::lock_guard lock(mutex_);
   ranks_[static_cast<size_t>(rank)].zeroCopy = on;
+}
+
+void FakeNetwork::setBoardBytes(size_t bytes) {
+  std::lock_guard lock(mutex_);
+  boardBytes_ = bytes;
+}
+
+std::shared_ptr<FakeNetwork::Region> FakeNetwork::registerRegion(int rank, size_t bytes) {
+  auto region = std::make_shared<Region>();
+  region->words.assign((bytes + 7) / 8, 0);
+  std::lock_guard lock(mutex_);
+  region->rkey = ++rkeys_;
+  ranks_[static_cast<size_t>(rank)].regions.push_back(region);
+  return region;
+}
+
+size_t FakeNetwork::liveRegions(int rank) const {
+  std::lock_guard lock(mutex_);
+  const auto& regions = ranks_[static_cast<size_t>(rank)].regions;
+  return static_cast<size_t>(
+      std::count_if(regions.begin(), regions.end(), [](const auto& r) { return !r.expired(); }));
+}
+
+// Word by word and atomically, as the board's reader polls them (a NIC
+// places aligned 8-byte words whole).
+void FakeNetwork::write(int from, int to, uint64_t addr, uint32_t rkey, const void* data,
+                        uint32_t length) {
+  std::lock_guard lock(mutex_);
+  for (const auto& weak : ranks_[static_cast<size_t>(to)].regions) {
+    auto region = weak.lock();
+    if (!region || region->rkey != rkey) continue;
+    const auto base = reinterpret_cast<uintptr_t>(region->words.data());
+    if (addr % 8 != 0 || length % 8 != 0 || addr < base ||
+        addr + length > base + 8 * region->words.size()) {
+      break;
+    }
+    const auto* words = static_cast<const uint64_t*>(data);
+    auto* out = region->words.data() + (addr - base) / 8;
+    for (size_t w = 0; w < length / 8; ++w) {
+      std::atomic_ref<uint64_t>(out[w]).store(words[w], std::memory_order_release);
+    }
+    return;
+  }
+  ranks_[static_cast<size_t>(from)].failures.emplace_back(
+      to, fmt::format("remote access error: rkey {:#x} at {:#x} ({} bytes)", rkey, addr, length));
+  signal(from);
 }
 
 void FakeNetwork::release(int rank, int peer, int slot) {

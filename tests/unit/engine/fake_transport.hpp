@@ -51,9 +51,20 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
   // `rank`'s transport after the send completes them (the first finds them
   // in flight). Off by default.
   void setZeroCopy(int rank, bool on);
+  // Every rank's connections have a one-shot board of `bytes` and write
+  // peers' registered memory (RemoteWrites): a write lands at once, and
+  // one outside a live region of the target fails the writer's connection
+  // to it, as a remote access error would. 0, the default: neither.
+  void setBoardBytes(size_t bytes);
+  // `rank`'s regions registered for remote writes and not freed yet.
+  size_t liveRegions(int rank) const;
 
  private:
   class Fake;
+  struct Region {
+    std::vector<uint64_t> words;
+    uint32_t rkey = 0;
+  };
   struct Slot {
     bool busy = false;
     std::vector<uint8_t> bytes;
@@ -85,7 +96,10 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
     bool armed = false;  // the next arrival or credit writes `wake`
     size_t arms = 0;
     std::vector<std::string> journal;
+    std::vector<std::weak_ptr<Region>> regions;  // registered for remote writes
   };
+  std::shared_ptr<Region> registerRegion(int rank, size_t bytes);
+  void write(int from, int to, uint64_t addr, uint32_t rkey, const void* data, uint32_t length);
   bool trySend(int from, int to, const wire::Header& h, const uint8_t* data,
                const std::shared_ptr<ZeroCopyWrites>& zeroCopy);
   bool poll(int rank, TransportSink& sink);
@@ -104,6 +118,8 @@ class FakeNetwork : public std::enable_shared_from_this<FakeNetwork> {
   std::vector<Rank> ranks_;
   std::vector<std::vector<int>> occupied_, maxOccupied_, messages_;
   uint64_t arrivalCount_ = 0;
+  size_t boardBytes_ = 0;
+  uint32_t rkeys_ = 0;
 };
 
 }  // namespace rdmacc::testing
