@@ -18,6 +18,7 @@
 #include "src/transport/registration_cache.hpp"
 #include "src/transport/wire.hpp"
 #include "tests/device/in_process.hpp"
+#include "tests/unit/engine/test_operations.hpp"
 
 namespace rdmacc {
 namespace {
@@ -71,6 +72,51 @@ TEST(InProcess, OverASharedLinkAnAdvertsRkeyOpensTheRegistrationToTheFoundingGro
                                    advert->rkey);
   engine.reset();
   channel1.reset();
+  links.clear();
+}
+
+// A later group over a link has a one-shot board of its own on a real
+// device (decision 019's follow-up): ranks 0-2 found a link, the group of
+// link ranks {2, 0} forms over it with a region each registered for it,
+// and its 8-byte allreduces run as one RDMA WRITE per peer into those
+// regions, entries alternating, each rank getting the sum.
+TEST(InProcess, OverASharedLinkALaterGroupReducesThroughItsOwnBoard) {
+  HashStore store(20s);
+  constexpr int kFounders = 3;
+  auto [meshes, transports, errors] =
+      formInProcess(store, "founding-board", kFounders, quickConfig(), TransportOptions{});
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  std::vector<std::shared_ptr<Link>> links;
+  for (int r = 0; r < kFounders; ++r) {
+    links.push_back(std::make_shared<Link>(std::move(transports[static_cast<size_t>(r)]), r,
+                                           kFounders, 1 << 20));
+  }
+  const std::vector<int> members{2, 0};
+  std::vector<RemoteWrites::Region> regions;
+  std::vector<std::pair<uint64_t, uint32_t>> published;
+  for (int b : members) {
+    auto region = links[static_cast<size_t>(b)]->registerBoard(2);
+    ASSERT_TRUE(region) << "the founding group's connections have no board";
+    regions.push_back(*region);
+    published.emplace_back(region->addr, region->rkey);
+  }
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < 2; ++r) {
+    engines.push_back(std::make_unique<Engine>(
+        links[static_cast<size_t>(members[static_cast<size_t>(r)])]->open(
+            2, r, members, 0, Link::ChannelBoard{regions[static_cast<size_t>(r)], published}),
+        EngineOptions{.group = "later-board", .rank = r, .size = 2}));
+    ASSERT_GT(engines.back()->oneShotBytes(), 0u);
+  }
+  for (int32_t round = 0; round < 5; ++round) {
+    std::vector<std::vector<int32_t>> data{{round, 1}, {10 * round, 2}};
+    auto a = engines[0]->submit(testing::boardAllreduce(0, 2, data[0]));
+    auto b = engines[1]->submit(testing::boardAllreduce(1, 2, data[1]));
+    ASSERT_TRUE(a->wait());
+    ASSERT_TRUE(b->wait());
+    for (const auto& d : data) EXPECT_EQ(d, (std::vector<int32_t>{11 * round, 3}));
+  }
+  engines.clear();
   links.clear();
 }
 

@@ -1,7 +1,7 @@
 // Operations as VerbsBackend builds them, for tests that drive engines
 // directly (engine_test.cpp over one fake network, link_test.cpp over
-// links): point-to-point, a ring allreduce, a dissemination barrier, and the
-// error a work failed with.
+// links, device tests over a device): point-to-point, a ring and a one-shot
+// allreduce, a dissemination barrier, and the error a work failed with.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -58,6 +58,31 @@ inline std::unique_ptr<Operation> barrier(
   op->timeout = timeout;
   op->schedule =
       std::make_shared<Plan>(algorithms::disseminationBarrier(rank, size), Algorithm::Auto);
+  return op;
+}
+
+// A one-shot allreduce (sum) of `data` in place through the transport's
+// board (Plan::board), as VerbsBackend::Impl::boardPlan builds it.
+inline std::unique_ptr<Operation> boardAllreduce(
+    int rank, int size, std::vector<int32_t>& data,
+    std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  const size_t bytes = data.size() * sizeof(int32_t);
+  Step step;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    step.sends.push_back(SendSpec{.peer = peer, .range = {0, bytes}});
+    step.recvs.push_back(RecvSpec{.peer = peer, .range = {0, bytes}, .combine = Combine::Reduce});
+  }
+  auto plan = std::make_shared<Plan>(Schedule{std::move(step)});
+  plan->board = true;
+  auto op = std::make_unique<Operation>();
+  op->type = OpType::Allreduce;
+  op->timeout = timeout;
+  op->schedule = std::move(plan);
+  op->sendBase = op->recvBase = reinterpret_cast<uint8_t*>(data.data());
+  op->dtype = DataType::Int32;
+  op->reduceOp = ReduceOp::Sum;
+  op->checkValue = data.size();
   return op;
 }
 

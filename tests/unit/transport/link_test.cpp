@@ -657,6 +657,37 @@ TEST(Link, ALaterGroupHasAOneShotBoardOfItsOwn) {
   }
 }
 
+// The engines of a later group run one-shot allreduces through its board
+// over the link, each rank a thread, while the world's run through slots.
+TEST(Link, ALaterGroupsEnginesReduceThroughItsBoard) {
+  Links links(3, /*slots=*/4, /*slotBytes=*/256);
+  links.net->setBoardBytes(64);
+  const std::vector<int> members{1, 2, 0};
+  auto channels = openWithBoard(links, 4, members);
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < 3; ++r) {
+    engines.push_back(
+        std::make_unique<Engine>(std::move(channels[static_cast<size_t>(r)]),
+                                 EngineOptions{.group = "later", .rank = r, .size = 3}));
+    EXPECT_EQ(engines.back()->oneShotBytes(), 64u);
+  }
+  for (int round = 0; round < 5; ++round) {
+    std::vector<std::vector<int32_t>> data;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int r = 0; r < 3; ++r) data.push_back(input(round, r, 4));
+    for (int r = 0; r < 3; ++r) works.push_back(engines[r]->submit(boardAllreduce(r, 3, data[r])));
+    for (auto& w : works) ASSERT_TRUE(w->wait());
+    for (int r = 0; r < 3; ++r) {
+      for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(data[r][i], 300 * round + 30 + 3 * static_cast<int32_t>(i)) << "rank " << r;
+      }
+    }
+  }
+  for (int a = 0; a < 3; ++a) {
+    for (int b = 0; b < 3; ++b) EXPECT_EQ(links.net->messages(a, b), 0) << a << " -> " << b;
+  }
+}
+
 // A group closed on one rank keeps its board's region registered until
 // each peer left it: a peer still in a board operation writes there (freed
 // at once, the write would break the peer's connection to this rank for
