@@ -245,7 +245,10 @@ class RdmaTransport final : public Transport, public Board, private RemoteWrites
   // and, over a link, a later group's.
   Region registerRegion(size_t bytes) override;
   size_t boardBytes() const noexcept override { return board_ ? board_->maxBytes() : 0; }
-  bool room(int peer) const override { return !sendQueueFull(this->peer(peer).lanes[0]); }
+  bool room(int peer) const override {
+    const auto& lanes = this->peer(peer).lanes;
+    return !lanes.empty() && !sendQueueFull(lanes[0]);
+  }
   void write(int peer, uint64_t addr, uint32_t rkey, const void* data, uint32_t length) override;
 
   // The one-shot board: kBoardEntries entries of boardStride_ bytes per
