@@ -326,7 +326,7 @@ struct VerbsBackend::Impl {
                       .variant = oneShot ? 1 : 0};
     if (oneShot) {
       op.schedule = cachedPlan(shape);
-      if (!op.schedule) op.schedule = keepPlan(shape, boardPlan(bytes));
+      if (!op.schedule) op.schedule = keepPlan(shape, boardPlan(rank, size, bytes));
     } else {
       op.schedule = planFor(shape, [&](Algorithm algo) {
         switch (algo) {
@@ -364,20 +364,6 @@ struct VerbsBackend::Impl {
   bool isOneShot(Algorithm algorithm, size_t bytes) const {
     return algorithm == Algorithm::Auto && choice.forced(OpType::Allreduce) == Algorithm::Auto &&
            size > 1 && bytes > 0 && bytes <= oneShotBytes;
-  }
-
-  // A one-shot allreduce of `bytes` (Plan::board): its one step names every
-  // peer, in rank order, as sent to and received from.
-  std::shared_ptr<const Plan> boardPlan(size_t bytes) const {
-    Step step;
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank) continue;
-      step.sends.push_back(SendSpec{.peer = peer, .range = {0, bytes}});
-      step.recvs.push_back(RecvSpec{.peer = peer, .range = {0, bytes}, .combine = Combine::Reduce});
-    }
-    auto plan = std::make_shared<Plan>(Schedule{std::move(step)});
-    plan->board = true;
-    return plan;
   }
 
   // allgather and allgather_coalesced: every rank's inputs packed into one block.

@@ -45,6 +45,18 @@ Plan::Plan(Schedule s, Algorithm a) : steps(std::move(s)), algorithm(a) {
   }
 }
 
+std::shared_ptr<Plan> boardPlan(int rank, int size, size_t bytes) {
+  Step step;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    step.sends.push_back(SendSpec{.peer = peer, .range = {0, bytes}});
+    step.recvs.push_back(RecvSpec{.peer = peer, .range = {0, bytes}, .combine = Combine::Reduce});
+  }
+  auto plan = std::make_shared<Plan>(Schedule{std::move(step)});
+  plan->board = true;
+  return plan;
+}
+
 std::vector<Range> evenBlocks(size_t count, int parts, size_t elementSize) {
   std::vector<Range> blocks(static_cast<size_t>(parts));
   size_t base = count / static_cast<size_t>(parts), extra = count % static_cast<size_t>(parts);

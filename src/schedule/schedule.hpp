@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "rdmacc/options.hpp"
@@ -113,6 +114,11 @@ struct Plan {
   // contributions in rank order.
   bool board = false;
 };
+
+// A one-shot allreduce of `bytes` through the transport's board
+// (Plan::board): its one step names every peer, in rank order, as sent to
+// and received from.
+std::shared_ptr<Plan> boardPlan(int rank, int size, size_t bytes);
 
 // count elements split into `parts` contiguous blocks whose sizes differ by at
 // most one element (the first count % parts blocks are one larger); in bytes.

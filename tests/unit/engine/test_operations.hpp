@@ -62,23 +62,14 @@ inline std::unique_ptr<Operation> barrier(
 }
 
 // A one-shot allreduce (sum) of `data` in place through the transport's
-// board (Plan::board), as VerbsBackend::Impl::boardPlan builds it.
+// board (Plan::board).
 inline std::unique_ptr<Operation> boardAllreduce(
     int rank, int size, std::vector<int32_t>& data,
     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  const size_t bytes = data.size() * sizeof(int32_t);
-  Step step;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    step.sends.push_back(SendSpec{.peer = peer, .range = {0, bytes}});
-    step.recvs.push_back(RecvSpec{.peer = peer, .range = {0, bytes}, .combine = Combine::Reduce});
-  }
-  auto plan = std::make_shared<Plan>(Schedule{std::move(step)});
-  plan->board = true;
   auto op = std::make_unique<Operation>();
   op->type = OpType::Allreduce;
   op->timeout = timeout;
-  op->schedule = std::move(plan);
+  op->schedule = boardPlan(rank, size, data.size() * sizeof(int32_t));
   op->sendBase = op->recvBase = reinterpret_cast<uint8_t*>(data.data());
   op->dtype = DataType::Int32;
   op->reduceOp = ReduceOp::Sum;
