@@ -34,21 +34,30 @@ inline std::unique_ptr<Operation> pointToPoint(
   return op;
 }
 
-// A ring allreduce (sum) of `data` in place.
-inline std::unique_ptr<Operation> ringAllreduce(
-    int rank, int size, std::vector<int32_t>& data,
-    std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+// An allreduce (sum) of `data` in place by `plan`.
+inline std::unique_ptr<Operation> allreduce(std::shared_ptr<const Plan> plan,
+                                            std::vector<int32_t>& data,
+                                            std::chrono::milliseconds timeout) {
   auto op = std::make_unique<Operation>();
   op->type = OpType::Allreduce;
   op->timeout = timeout;
-  op->schedule = std::make_shared<Plan>(
-      algorithms::ringAllreduce(rank, size, evenBlocks(data.size(), size, sizeof(int32_t)), false),
-      Algorithm::Ring);
+  op->schedule = std::move(plan);
   op->sendBase = op->recvBase = reinterpret_cast<uint8_t*>(data.data());
   op->dtype = DataType::Int32;
   op->reduceOp = ReduceOp::Sum;
   op->checkValue = data.size();
   return op;
+}
+
+// A ring allreduce (sum) of `data` in place.
+inline std::unique_ptr<Operation> ringAllreduce(
+    int rank, int size, std::vector<int32_t>& data,
+    std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  return allreduce(
+      std::make_shared<Plan>(algorithms::ringAllreduce(
+                                 rank, size, evenBlocks(data.size(), size, sizeof(int32_t)), false),
+                             Algorithm::Ring),
+      data, timeout);
 }
 
 inline std::unique_ptr<Operation> barrier(
@@ -66,15 +75,7 @@ inline std::unique_ptr<Operation> barrier(
 inline std::unique_ptr<Operation> boardAllreduce(
     int rank, int size, std::vector<int32_t>& data,
     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  auto op = std::make_unique<Operation>();
-  op->type = OpType::Allreduce;
-  op->timeout = timeout;
-  op->schedule = boardPlan(rank, size, data.size() * sizeof(int32_t));
-  op->sendBase = op->recvBase = reinterpret_cast<uint8_t*>(data.data());
-  op->dtype = DataType::Int32;
-  op->reduceOp = ReduceOp::Sum;
-  op->checkValue = data.size();
-  return op;
+  return allreduce(boardPlan(rank, size, data.size() * sizeof(int32_t)), data, timeout);
 }
 
 // The error a failed work holds (fails the test when it succeeded).
