@@ -4,6 +4,7 @@
 // alone. Run under
 // `rdmacc-run -n 8` (a multiple of 4) with RDMACC_TRANSPORT=rdma.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -99,10 +100,11 @@ void exercise(VerbsBackend& g, const std::vector<int>& members) {
 }
 
 // Attached groups make no queue pair and register no slot memory: pinned
-// memory after the world connected every pair stays where it was, and each
-// group counts the world's queue pairs as its own. Groups sharing a link
-// run at once.
-TEST(SharedConnections, ADeviceMeshAddsNoQueuePairsAndNoPinnedMemory) {
+// memory after the world connected every pair grows by a page per group at
+// most (its one-shot board's region: two entries of under 200 bytes per
+// member), and each group counts the world's queue pairs as its own.
+// Groups sharing a link run at once.
+TEST(SharedConnections, ADeviceMeshAddsNoQueuePairsAndNoSlotMemory) {
   const int rank = job().rank, size = job().size;
   ASSERT_EQ(size % 4, 0) << "run with a multiple of 4 ranks";
   auto w = world("share-world");
@@ -136,7 +138,9 @@ TEST(SharedConnections, ADeviceMeshAddsNoQueuePairsAndNoPinnedMemory) {
     ASSERT_EQ(b[i], 2);
     ASSERT_EQ(c[i], size);
   }
-  EXPECT_EQ(pinnedKiB(), pinned) << "rank " << rank << ": the groups pinned memory of their own";
+  const long boards = static_cast<long>(groups.size()) * ::sysconf(_SC_PAGESIZE) / 1024;
+  EXPECT_LE(pinnedKiB(), pinned + boards)
+      << "rank " << rank << ": the groups pinned memory of their own beyond their boards";
   EXPECT_EQ(w->queuePairs(), queuePairs);
   w->barrier()->wait();
 }
