@@ -63,7 +63,6 @@ size_t boardBytesOffered(const Mesh& mesh, size_t wanted) {
       {wanted, board_words::maxPayload(mesh.grantedInline()), size_t{handshake::kMaxBoardBytes}});
 }
 
-
 }  // namespace
 
 RdmaTransport::RdmaTransport(Mesh& mesh, Store& store, const TransportOptions& options)
