@@ -44,8 +44,8 @@ constexpr std::array kOptions = {
   OptionSpec{"RDMACC_CONNECT", String, "auto", "",
     "when RDMA connections are made, and local peers' shared-memory slots get memory (and, in groups without a one-shot board, their segments are mapped): lazy (to a peer when an operation first sends to it; formation exchanges only addresses), "
     "eager (to every peer at formation; the RDMA one-shot board needs it), auto (eager for groups of up to 8 ranks, lazy above); the same on every rank", 0, 0},
-  OptionSpec{"RDMACC_SHARE_CONNECTIONS", Bool, "0", "",
-    "1: a group whose members all belong to an earlier group of theirs (a DeviceMesh's groups, new_group) sends over that group's RDMA connections and slots instead of making its own: no queue pairs or registered memory of its own, its messages about as fast, zero-copy from registered memory as over its own (whose rkeys then open to every rank of that earlier group: docs/security.md), and a one-shot board of its own in a small region each member registers (docs/decisions/019); 0: every group connects on its own (its own queue pairs, slot memory and one-shot board); the same on every rank", 0, 0},
+  OptionSpec{"RDMACC_SHARE_CONNECTIONS", Bool, "1", "",
+    "1 (the default): a group whose members all belong to an earlier group of theirs (a DeviceMesh's groups, new_group) sends over that group's RDMA connections and slots instead of making its own: no queue pairs or registered memory of its own, its messages about as fast, zero-copy from registered memory as over its own (whose rkeys then open to every rank of that earlier group: docs/security.md), and a one-shot board of its own in a small region each member registers (docs/decisions/019); 0: every group connects on its own (its own queue pairs, slot memory and one-shot board); the same on every rank", 0, 0},
   OptionSpec{"RDMACC_QPS_PER_PEER", Int, "1", "",
     "reliable-connected queue pairs per peer; collective chunks are striped over them (point-to-point "
     "messages keep to the first)", 1, 16},

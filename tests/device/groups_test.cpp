@@ -45,7 +45,7 @@ std::shared_ptr<VerbsBackend> subgroup(const std::string& name, const std::vecto
   const auto at = std::find(members.begin(), members.end(), job().rank);
   VerbsBackend::Options options;
   options.groupName = name;
-  options.config["RDMACC_SHARE_CONNECTIONS"] = "1";  // opt-in (decision 019)
+  options.config["RDMACC_SHARE_CONNECTIONS"] = "1";  // the default, whatever the environment says
   return std::make_shared<VerbsBackend>(job().store, static_cast<int>(at - members.begin()),
                                         static_cast<int>(members.size()), options);
 }

@@ -30,8 +30,8 @@ struct Args {
   int buffers = 1;               // --buffers: iterations rotate over this many buffer sets
   bool blocking = false;         // -z: wait for each operation before the next (OSU-style latency)
   // --second-group: measure a group of the same ranks formed after the
-  // job's (as torch's new_group), over its connections with
-  // RDMACC_SHARE_CONNECTIONS=1 (docs/decisions/019).
+  // job's (as torch's new_group), over its connections unless
+  // RDMACC_SHARE_CONNECTIONS=0 (docs/decisions/019).
   bool secondGroup = false;
   bool secondGroupAlone = false;  // the job's group is destroyed once the second formed
   std::string json;

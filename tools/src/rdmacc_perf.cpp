@@ -137,8 +137,8 @@ void addRunOptions(CLI::App& app, Args& a, RawOptions& raw) {
       ->option_text("INT in [0 - 2] (default 0: off; -R alone: 1)");
   app.add_flag("--second-group", a.secondGroup,
                "measure a second group of the same ranks, formed after the job's group and used "
-               "after it (as torch's new_group): with RDMACC_SHARE_CONNECTIONS=1 it sends over the "
-               "first group's RDMA connections");
+               "after it (as torch's new_group): it sends over the first group's RDMA connections "
+               "unless RDMACC_SHARE_CONNECTIONS=0");
   app.add_flag("--second-group-alone", a.secondGroupAlone,
                "as --second-group, then destroy the job's group before the sweep: what the second "
                "group costs without another group beside it (a diagnostic for shared connections)");

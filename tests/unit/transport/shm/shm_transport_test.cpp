@@ -80,7 +80,7 @@ TEST(ShmTransport, APeerThatNeverArrivesLeavesNoSegmentBehind) {
     store->set(
         fmt::format("rdmacc/host/{}/1", group),
         toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
-                            "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager RDMACC_SHARE_CONNECTIONS=0\n"
+                            "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager RDMACC_SHARE_CONNECTIONS=1\n"
                             "/rdmacc-{}-00000000deadbeef:{}:999\n-\n-\n"
                             "same-host",
                             version(), handshake::kVersion, ::getpid(), pid)));
@@ -124,7 +124,7 @@ TEST(ShmTransport, ASegmentOfAnotherUserOrUnsealedIsRefused) {
         fmt::format("rdmacc/host/{}/1", group),
         toBytes(fmt::format("rdmacc {} protocol {}\nRDMACC_TRANSPORT=shm "
                             "RDMACC_IB_RAILS=1 RDMACC_CONNECT=eager "
-                            "RDMACC_SHARE_CONNECTIONS=0\n{}\n-\n-\nsame-host",
+                            "RDMACC_SHARE_CONNECTIONS=1\n{}\n-\n-\nsame-host",
                             version(), handshake::kVersion, segmentRecord(name, file.get()))));
     const std::string path = fmt::format("/proc/{}/fd/{}", ::getpid(), file.get());
     const std::string expected =
