@@ -6,6 +6,7 @@
 #include "src/backend/shared_links.hpp"
 #include "src/backend/verbs_backend_impl.hpp"
 #include "src/bootstrap/host_identity.hpp"
+#include "src/core/on_failure.hpp"
 #include "src/store/auth.hpp"
 #include "src/transport/shm/transport.hpp"
 
@@ -64,6 +65,7 @@ VerbsBackend::Impl::Placement VerbsBackend::Impl::placePeers(const Options& opti
                         config.getInt("RDMACC_SLOTS_PER_PEER"), config.getInt("RDMACC_SLOT_BYTES"),
                         auth::loadKey(config));
   LinkOffers offers = offerLinks(share, p.suits, rank == 0, size);
+  OnFailure retire([&offers] { retireBoards(offers); });
   // A process with connections to share skips it: the group may not need
   // a mesh of its own.
   if (offers.held.empty() &&
@@ -121,6 +123,8 @@ VerbsBackend::Impl::Placement VerbsBackend::Impl::placePeers(const Options& opti
     p.channel = attach->channel;
     p.toBase = std::move(attach->toBase);
     p.board = std::move(attach->board);
+    p.claim = std::make_shared<ChannelClaim>(link, p.channel, p.toBase, Link::groupTag(group),
+                                             p.board ? p.board->mine.keep : nullptr);
     return p;
   }
   p.linkId = foundingLinkId(offered);
@@ -160,6 +164,7 @@ RdmaPath VerbsBackend::Impl::rdmaPath(const Placement& placement) {
   if (link) {
     path.channel = link->open(placement.channel, rank, placement.toBase, Link::groupTag(group),
                               placement.board);
+    placement.claim->opened();
     return path;
   }
   if (placement.linkId.empty() || rails.size() != 1) return path;

@@ -141,6 +141,12 @@ LinkOffers offerLinks(bool share, const std::string& suits, bool founder, int me
   return offers;
 }
 
+void retireBoards(LinkOffers& offers) {
+  for (OfferedLink& held : offers.held) {
+    if (held.board) held.link->retire(std::move(held.board->keep));
+  }
+}
+
 std::optional<LinkChoice> chooseLink(const LinkOffers& mine, const std::vector<std::string>& lines,
                                      int rank) {
   std::vector<Parsed> parsed;
@@ -211,6 +217,18 @@ std::optional<LinkChoice> chooseLink(const LinkOffers& mine, const std::vector<s
     return choice;
   }
   return std::nullopt;
+}
+
+ChannelClaim::ChannelClaim(std::shared_ptr<Link> link, uint32_t channel, std::vector<int> toBase,
+                           uint32_t group, std::shared_ptr<void> board)
+    : link_(std::move(link)),
+      channel_(channel),
+      toBase_(std::move(toBase)),
+      group_(group),
+      board_(std::move(board)) {}
+
+ChannelClaim::~ChannelClaim() {
+  if (link_) link_->abandon(channel_, toBase_, group_, std::move(board_));
 }
 
 std::string foundingLinkId(const std::vector<std::string>& lines) {

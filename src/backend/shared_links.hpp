@@ -42,6 +42,11 @@ struct LinkOffers {
   std::vector<OfferedLink> held;
 };
 LinkOffers offerLinks(bool share, const std::string& suits, bool founder, int members);
+// A formation that failed on this rank before the group's decision: a
+// peer that read every record may have chosen any of the links offered
+// and write this rank's board region over it, so each region goes to its
+// link (Link::retire) instead of being freed with the offers.
+void retireBoards(LinkOffers& offers);
 
 // What a forming group attaches to: `link`'s channel `channel` (rank 0's
 // draw), group rank r being link rank toBase[r].
@@ -60,6 +65,28 @@ struct LinkChoice {
 // own connections.
 std::optional<LinkChoice> chooseLink(const LinkOffers& mine, const std::vector<std::string>& lines,
                                      int rank);
+
+// A forming group's hold on the channel it chose, from the decision until
+// the channel opens here (opened()): if the formation fails on this rank
+// first, the destructor closes the channel as if it had opened
+// (Link::abandon), since peers that opened it may already write this
+// rank's board region and wait for its messages.
+class ChannelClaim {
+ public:
+  ChannelClaim(std::shared_ptr<Link> link, uint32_t channel, std::vector<int> toBase,
+               uint32_t group, std::shared_ptr<void> board);
+  ~ChannelClaim();
+  ChannelClaim(const ChannelClaim&) = delete;
+  ChannelClaim& operator=(const ChannelClaim&) = delete;
+  void opened() { link_.reset(); }
+
+ private:
+  std::shared_ptr<Link> link_;
+  uint32_t channel_;
+  std::vector<int> toBase_;
+  uint32_t group_;
+  std::shared_ptr<void> board_;
+};
 
 // The id of a link the group founds: rank 0's drawn one; empty when
 // sharing is off.

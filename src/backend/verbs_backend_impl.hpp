@@ -34,6 +34,8 @@
 
 namespace rdmacc {
 
+class ChannelClaim;  // src/backend/shared_links.hpp
+
 constexpr uint32_t kInternalTagBase = 0x80000000u;  // user tags are non-negative ints
 
 inline Tensor& single(std::vector<Tensor>& tensors, const char* op) {
@@ -116,6 +118,7 @@ struct VerbsBackend::Impl {
     uint32_t channel = 0;                     // of `link`, when the group attached to one
     std::vector<int> toBase;                  // group rank -> link rank, then
     std::optional<Link::ChannelBoard> board;  // its one-shot board over the link
+    std::shared_ptr<ChannelClaim> claim;      // until the channel opens
     std::string linkId;                       // else: the link this group founds ("": none)
     std::string suits;                        // the settings its connections are made with
   };

@@ -262,19 +262,6 @@ void Link::close(uint32_t channel, const std::vector<std::pair<int, int>>& held,
                  std::shared_ptr<void> board) {
   std::lock_guard lock(mutex_);
   Open& o = *open_.at(channel);
-  // The group's peers learn that it is gone here at once, as from a group's
-  // own connections closing, not at their timeout. Not through a new
-  // connection: a peer never connected learns it at its timeout, as when a
-  // group's own lazy connections close (it had none to lose). Also to a
-  // peer that left first: its record of the closed channel (and its
-  // board's region) waits for this rank's leave message.
-  const wire::Header leave{.kind = wire::MessageKind::Leave, .channel = channel, .group = o.group};
-  for (int b = 0; b < size_; ++b) {
-    if (b != rank_ && o.fromBase[b] >= 0 && base_->connected(b)) {
-      leaves_.push_back({b, leave});
-    }
-  }
-  sendLeaves();
   // Slots the group still held go back to their senders, or the other
   // groups would lose them.
   for (auto [peer, slot] : held) {
@@ -286,21 +273,67 @@ void Link::close(uint32_t channel, const std::vector<std::pair<int, int>>& held,
     hold(d.peer, -1);
     base_->release(d.peer, d.in.slot);
   }
-  // Members still to say that they left: their late messages are dropped
-  // until then (the record keeps the number from being taken as early).
-  std::vector<int> awaited;
-  for (int b = 0; b < size_; ++b) {
-    if (b != rank_ && o.fromBase[b] >= 0 && !o.left[b] && !departed_[b] && !dead_[b]) {
-      awaited.push_back(b);
-    }
-  }
-  if (!awaited.empty()) closed_[channel] = Closed{std::move(awaited), std::move(board)};
+  std::vector<bool> members(static_cast<size_t>(size_));
+  for (int b = 0; b < size_; ++b) members[b] = b != rank_ && o.fromBase[b] >= 0;
+  leave(channel, o.group, members, o.left, std::move(board));
   open_.erase(channel);
   --channels_;
   // Sleepers may have relied on the group's thread.
   for (auto& [other, p] : open_) {
     if (p->lent) notify(*p);
   }
+}
+
+void Link::abandon(uint32_t channel, const std::vector<int>& toBase, uint32_t group,
+                   std::shared_ptr<void> board) {
+  std::lock_guard lock(mutex_);
+  if (open_.contains(channel) || closed_.contains(channel)) return;
+  std::vector<bool> members(static_cast<size_t>(size_)), left(static_cast<size_t>(size_));
+  for (int b : toBase) {
+    if (b >= 0 && b < size_ && b != rank_) members[b] = true;
+  }
+  // What its peers sent it already has no taker; a leave among it is one
+  // member less to wait for.
+  std::erase_if(early_, [&](auto& early) {
+    if (early.first != channel) return false;
+    Delivery& d = early.second;
+    if (d.copied) {
+      earlyBytes_ -= earlyCost(d.in.header.payload);
+    } else {
+      base_->release(d.peer, d.in.slot);
+    }
+    if (members[d.peer] && d.in.header.kind == wire::MessageKind::Leave) left[d.peer] = true;
+    return true;
+  });
+  leave(channel, group, members, left, std::move(board));
+}
+
+void Link::retire(std::shared_ptr<void> region) {
+  if (!region) return;
+  std::lock_guard lock(mutex_);
+  retired_.push_back(std::move(region));
+}
+
+void Link::leave(uint32_t channel, uint32_t group, const std::vector<bool>& members,
+                 const std::vector<bool>& left, std::shared_ptr<void> board) {
+  // The group's peers learn that it is gone here at once, as from a group's
+  // own connections closing, not at their timeout. Not through a new
+  // connection: a peer never connected learns it at its timeout, as when a
+  // group's own lazy connections close (it had none to lose). Also to a
+  // peer that left first: its record of the closed channel (and its
+  // board's region) waits for this rank's leave message.
+  const wire::Header message{.kind = wire::MessageKind::Leave, .channel = channel, .group = group};
+  for (int b = 0; b < size_; ++b) {
+    if (members[b] && base_->connected(b)) leaves_.push_back({b, message});
+  }
+  sendLeaves();
+  // Members still to say that they left: their late messages are dropped
+  // until then (the record keeps the number from being taken as early).
+  std::vector<int> awaited;
+  for (int b = 0; b < size_; ++b) {
+    if (members[b] && !left[b] && !departed_[b] && !dead_[b]) awaited.push_back(b);
+  }
+  if (!awaited.empty()) closed_[channel] = Closed{std::move(awaited), std::move(board)};
 }
 
 void Link::sendLeaves() {

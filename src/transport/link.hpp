@@ -79,6 +79,21 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // the link's protection domain; nullopt when the link's connections have
   // no board (then no group over them has one: the same on every rank).
   std::optional<RemoteWrites::Region> registerBoard(int members);
+  // A group that chose this link's `channel` (group rank r is link rank
+  // toBase[r], its messages tagged `group`) and will not open it here: its
+  // formation failed on this rank after the choice, while its peers may
+  // have opened the channel and write into `board`, this rank's region of
+  // its one-shot board (a write into a freed region would break the
+  // connection for every group on it). The channel is closed as if it had
+  // been open: its early messages are dropped, its peers are sent a leave
+  // message (they learn at once that this rank is gone), and `board` stays
+  // registered until every member left. Nothing for a channel opened here.
+  void abandon(uint32_t channel, const std::vector<int>& toBase, uint32_t group,
+               std::shared_ptr<void> board);
+  // A board region offered to a group whose choice this rank never learnt
+  // (its formation failed before every record arrived): a peer may have
+  // chosen it, so it stays registered while the link lives.
+  void retire(std::shared_ptr<void> region);
 
   // A group's transport over the link: group rank r is link rank toBase[r]
   // (-1: a peer this link does not carry), this process group rank `rank`;
@@ -182,6 +197,11 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // `board` (its board's region) stays registered until every peer left.
   void close(uint32_t channel, const std::vector<std::pair<int, int>>& held,
              std::shared_ptr<void> board);
+  // Under mutex_: the group on `channel` is gone here (close, abandon).
+  // Each of its `members` (by link rank) still connected is sent a leave
+  // message; those that have not `left` are awaited (closed_).
+  void leave(uint32_t channel, uint32_t group, const std::vector<bool>& members,
+             const std::vector<bool>& left, std::shared_ptr<void> board);
   // Under mutex_: the leave messages that found no slot free, tried again
   // (after a poll of the base, which may have brought credits back).
   void sendLeaves();
@@ -202,6 +222,7 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
     std::shared_ptr<void> board;
   };
   std::map<uint32_t, Closed> closed_;
+  std::vector<std::shared_ptr<void>> retired_;  // board regions (retire)
   // Leave messages to send when a slot at their peer is free: a group that
   // goes while its peers' slots are full still tells them at once (a few
   // slots come back with any of their traffic), not at their timeout.

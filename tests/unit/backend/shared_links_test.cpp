@@ -182,5 +182,40 @@ TEST(SharedLinks, AProcessOffersOnlyLinksMadeWithTheSameSettings) {
   EXPECT_TRUE(offerLinks(true, "settings one", true, 2).held.empty()) << "held weakly";
 }
 
+// A formation that fails on this rank before the group's decision leaves
+// the board regions it offered to their links: a peer that read every
+// record may have chosen one and write there.
+TEST(SharedLinks, RegionsOfAFormationFailedBeforeTheDecisionStayWithTheirLinks) {
+  auto net = std::make_shared<FakeNetwork>(2, 4, 256);
+  net->setBoardBytes(16);
+  auto link = std::make_shared<Link>(net->transport(1), 1, 2, 1 << 20);
+  {
+    auto offers = offersOf("", {OfferedLink{kA, link, nullptr, link->registerBoard(2)}});
+    retireBoards(offers);
+  }
+  EXPECT_EQ(net->liveRegions(1), 1u);
+  link.reset();
+  EXPECT_EQ(net->liveRegions(1), 0u);
+}
+
+// A group that chose a channel and failed on this rank before opening it
+// closes it as if it had opened (Link::abandon); one that opened it leaves
+// that to the channel.
+TEST(SharedLinks, AClaimOnAChannelNeverOpenedHereClosesIt) {
+  auto net = std::make_shared<FakeNetwork>(2, 4, 256);
+  auto link = std::make_shared<Link>(net->transport(1), 1, 2, 1 << 20);
+  const uint32_t tag = Link::groupTag("claimed");
+  { ChannelClaim failed(link, 3, {0, 1}, tag, nullptr); }
+  EXPECT_EQ(link->closedChannels(), 1u) << "rank 0's leave is awaited";
+  EXPECT_EQ(net->messages(1, 0), 1) << "rank 0 is told";
+  {
+    ChannelClaim formed(link, 5, {0, 1}, tag, nullptr);
+    auto channel = link->open(5, 1, {0, 1}, tag);
+    formed.opened();
+  }
+  EXPECT_EQ(link->closedChannels(), 2u) << "closed by its channel";
+  EXPECT_EQ(net->messages(1, 0), 2);
+}
+
 }  // namespace
 }  // namespace rdmacc

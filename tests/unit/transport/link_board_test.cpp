@@ -11,6 +11,7 @@
 #include "rdmacc/error.hpp"
 #include "src/engine/engine.hpp"
 #include "src/transport/link.hpp"
+#include "src/transport/wire.hpp"
 #include "tests/unit/engine/fake_transport.hpp"
 #include "tests/unit/engine/test_operations.hpp"
 #include "tests/unit/transport/links.hpp"
@@ -139,6 +140,59 @@ TEST(Link, AClosedGroupsBoardStaysWritableUntilEveryPeerLeft) {
   world0->poll(got);  // takes rank 1's leave message
   EXPECT_EQ(links.net->liveRegions(0), 0u);
   EXPECT_EQ(links.of[0]->closedChannels(), 0u) << "forgotten once rank 1 left";
+}
+
+// A group whose formation failed on one rank after it chose the link:
+// that rank never opens the channel, but its peers did and write into the
+// board region it offered. It abandons the channel: what the peers sent it
+// is dropped, they learn at once that it left, and its region stays
+// writable until they left too.
+TEST(Link, AnAbandonedGroupsBoardStaysWritableUntilEveryPeerLeft) {
+  WorldAndPair g;  // the world carries the leave messages' polls
+  auto& [links, world0, world1, pair0, pair1] = g;
+  links.net->setBoardBytes(16);
+  const std::vector<int> members{0, 1};
+  std::vector<RemoteWrites::Region> regions;
+  std::vector<std::pair<uint64_t, uint32_t>> published;
+  for (int b : members) {
+    regions.push_back(*links.of[static_cast<size_t>(b)]->registerBoard(2));
+    published.emplace_back(regions.back().addr, regions.back().rkey);
+  }
+  const uint32_t tag = Link::groupTag("failed here");
+  auto opened = links.of[1]->open(4, 1, members, tag, Link::ChannelBoard{regions[1], published});
+  const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 1, .group = tag};
+  ASSERT_TRUE(opened->trySend(0, h, nullptr));
+  Arrivals got;
+  world0->poll(got);  // an early message for channel 4 at rank 0
+  EXPECT_EQ(links.of[0]->earlyCopies(), 1u);
+  links.of[0]->abandon(4, members, tag, std::move(regions[0].keep));
+  EXPECT_EQ(links.of[0]->earlyCopies(), 0u);
+  EXPECT_EQ(links.of[0]->closedChannels(), 1u);
+  EXPECT_EQ(links.net->liveRegions(0), 1u) << "rank 1 has not left";
+  const uint64_t value = 5;
+  opened->board()->post(1, 7, reinterpret_cast<const uint8_t*>(&value), sizeof value);
+  opened->poll(got);
+  EXPECT_TRUE(got.failures.empty()) << got.failures.front().second;
+  EXPECT_EQ(opened->takeDisconnected(), std::vector<int>{0}) << "rank 0's leave message";
+  opened.reset();
+  world0->poll(got);  // takes rank 1's leave message
+  EXPECT_EQ(links.net->liveRegions(0), 0u);
+  EXPECT_EQ(links.of[0]->closedChannels(), 0u);
+  EXPECT_TRUE(got.got.empty());
+}
+
+// A region offered to a group whose decision this rank never learnt stays
+// registered while the link lives.
+TEST(Link, ARetiredRegionLivesAsLongAsTheLink) {
+  Links links(2, /*slots=*/4, /*slotBytes=*/256);
+  links.net->setBoardBytes(16);
+  auto region = links.of[0]->registerBoard(2);
+  ASSERT_TRUE(region.has_value());
+  links.of[0]->retire(std::move(region->keep));
+  region.reset();
+  EXPECT_EQ(links.net->liveRegions(0), 1u);
+  links.of[0].reset();
+  EXPECT_EQ(links.net->liveRegions(0), 0u);
 }
 
 // A link whose connections have no board gives later groups none.
