@@ -19,6 +19,7 @@
 #include "src/transport/wire.hpp"
 #include "tests/device/in_process.hpp"
 #include "tests/unit/engine/test_operations.hpp"
+#include "tests/unit/transport/arrivals.hpp"
 
 namespace rdmacc {
 namespace {
@@ -117,6 +118,65 @@ TEST(InProcess, OverASharedLinkALaterGroupReducesThroughItsOwnBoard) {
     for (const auto& d : data) EXPECT_EQ(d, (std::vector<int32_t>{11 * round, 3}));
   }
   engines.clear();
+  links.clear();
+}
+
+// A later group whose formation failed on one rank after the group chose
+// the link (decision 019): that rank abandons the channel (Link::abandon)
+// and keeps its board region, so its formed peer's board write lands over
+// the real device and the link's connection stays up for every group. A
+// region freed at once would fail that write with a remote access error,
+// which takes the queue pair, and the world's message behind it, down.
+TEST(InProcess, OverASharedLinkAnAbandonedGroupsBoardStaysWritable) {
+  HashStore store(20s);
+  auto [meshes, transports, errors] =
+      formInProcess(store, "founding-abandon", 2, quickConfig(), TransportOptions{});
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  std::vector<std::shared_ptr<Link>> links;
+  for (int r = 0; r < 2; ++r) {
+    links.push_back(
+        std::make_shared<Link>(std::move(transports[static_cast<size_t>(r)]), r, 2, 1 << 20));
+  }
+  const std::vector<int> members{0, 1};
+  auto world0 = links[0]->open(0, 0, members);
+  auto world1 = links[1]->open(0, 1, members);
+  std::vector<RemoteWrites::Region> regions;
+  std::vector<std::pair<uint64_t, uint32_t>> published;
+  for (auto& link : links) {
+    auto region = link->registerBoard(2);
+    ASSERT_TRUE(region) << "the founding group's connections have no board";
+    regions.push_back(*region);
+    published.emplace_back(region->addr, region->rkey);
+  }
+  const uint32_t tag = Link::groupTag("abandoned");
+  auto formed = links[1]->open(2, 1, members, tag, Link::ChannelBoard{regions[1], published});
+  links[0]->abandon(2, members, tag, std::move(regions[0].keep));
+  const uint64_t value = 7;
+  formed->board()->post(1, 9, reinterpret_cast<const uint8_t*>(&value), sizeof value);
+  // The world's message goes after the board write on the same queue pair
+  // (RC keeps the order): once it arrives, the write was taken.
+  const wire::Header h{.kind = wire::MessageKind::PointToPoint, .sequence = 1};
+  ASSERT_TRUE(world1->trySend(0, h, nullptr));
+  testing::Arrivals got0, got1;
+  const auto deadline = Clock::now() + 20s;
+  while (got0.got.empty() && got1.failures.empty() && Clock::now() < deadline) {
+    world0->poll(got0);
+    world1->poll(got1);
+    formed->poll(got1);
+  }
+  EXPECT_TRUE(got1.failures.empty()) << got1.failures.front().second;
+  ASSERT_EQ(got0.got.size(), 1u) << "the world's message never arrived";
+  std::vector<int> left;
+  while (left.empty() && Clock::now() < deadline) {
+    formed->poll(got1);
+    left = formed->takeDisconnected();
+  }
+  EXPECT_EQ(left, std::vector<int>{0}) << "rank 0's leave message";
+  formed.reset();
+  while (links[0]->closedChannels() > 0 && Clock::now() < deadline) world0->poll(got0);
+  EXPECT_EQ(links[0]->closedChannels(), 0u) << "rank 1's leave ends rank 0's record";
+  world0.reset();
+  world1.reset();
   links.clear();
 }
 

@@ -1,6 +1,6 @@
 // The setups the Link tests share (link_test.cpp, link_board_test.cpp):
 // every rank's link over one FakeNetwork, the world-and-pair groups, and
-// what a channel's poll delivered.
+// what a channel's poll delivered (arrivals.hpp).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,7 @@
 #include "src/engine/engine.hpp"
 #include "src/transport/link.hpp"
 #include "tests/unit/engine/fake_transport.hpp"
+#include "tests/unit/transport/arrivals.hpp"
 
 namespace rdmacc::testing {
 
@@ -47,14 +48,6 @@ struct WorldAndPair {
   std::unique_ptr<Transport> world1 = links.of[1]->open(0, 1, {0, 1});
   std::unique_ptr<Transport> pair0 = links.of[0]->open(1, 0, {0, 1});
   std::unique_ptr<Transport> pair1 = links.of[1]->open(1, 1, {0, 1});
-};
-
-// What a channel's poll delivered, for tests that poll channels themselves.
-struct Arrivals final : TransportSink {
-  std::vector<std::pair<int, Incoming>> got;
-  std::vector<std::pair<int, std::string>> failures;
-  void arrived(int peer, const Incoming& in) override { got.emplace_back(peer, in); }
-  void failed(int peer, Error error) override { failures.emplace_back(peer, error.what()); }
 };
 
 // Rank r's input to an allreduce of `n` values in group `g`.
