@@ -115,7 +115,11 @@ VerbsBackend::Impl::Placement VerbsBackend::Impl::placePeers(const Options& opti
   }
   std::vector<std::string> offered;
   for (const auto& lines : carried) offered.push_back(lines[2]);
-  if (auto attach = chooseLink(offers, offered, rank)) {
+  auto attach = chooseLink(offers, offered, rank);
+  // Decided, the same on every member: no peer writes the regions of the
+  // links not chosen, and the chosen one's is the claim's from here.
+  offers.held.clear();
+  if (attach) {
     // Every member took the same decision from the same records: no mesh.
     rails.clear();
     link = std::move(attach->link);
