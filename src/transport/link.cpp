@@ -137,6 +137,14 @@ void Link::arrived(int peer, const Incoming& in) {
   early_.emplace_back(channel, std::move(d));
 }
 
+void Link::takeEarly(const Delivery& d, bool dropped) {
+  if (d.copied) {
+    earlyBytes_ -= earlyCost(d.in.header.payload);
+  } else if (dropped) {
+    base_->release(d.peer, d.in.slot);
+  }
+}
+
 void Link::droppedFromStranger(int peer, const wire::Header& h) {
   log(LogLevel::Warn, "link rank {} sent {} on channel {}, whose group it is not in; dropped", peer,
       wire::describe(h), h.channel);
@@ -297,11 +305,7 @@ void Link::abandon(uint32_t channel, const std::vector<int>& toBase, uint32_t gr
   std::erase_if(early_, [&](auto& early) {
     if (early.first != channel) return false;
     Delivery& d = early.second;
-    if (d.copied) {
-      earlyBytes_ -= earlyCost(d.in.header.payload);
-    } else {
-      base_->release(d.peer, d.in.slot);
-    }
+    takeEarly(d, true);
     if (members[d.peer] && d.in.header.kind == wire::MessageKind::Leave) left[d.peer] = true;
     return true;
   });

@@ -154,6 +154,9 @@ class Link final : public std::enable_shared_from_this<Link>, private TransportS
   // a header's worth, so that a peer's stream of empty messages for a
   // channel never opened here stays bounded too.
   static size_t earlyCost(size_t payload);
+  // An early message leaves early_: its copy stops counting against the
+  // budget, and one dropped (not kept) hands its slot back to the peer.
+  void takeEarly(const Delivery& d, bool dropped);
 
   // Under mutex_: the base's poll delivers here.
   void arrived(int peer, const Incoming& in) override;

@@ -84,15 +84,14 @@ class Link::Channel final : public Transport, private Board {
     std::erase_if(link_->early_, [&](auto& early) {
       if (early.first != id_) return false;
       Delivery& d = early.second;
-      if (d.copied) link_->earlyBytes_ -= earlyCost(d.in.header.payload);
       const bool member = state_.fromBase[d.peer] >= 0;
       if (member && d.in.header.group != state_.group) {
-        if (!d.copied) link_->base_->release(d.peer, d.in.slot);
+        link_->takeEarly(d, true);
         link_->collided(state_, d.peer, d.in.header);
         return true;
       }
       if (!member || d.in.header.kind == wire::MessageKind::Leave) {
-        if (!d.copied) link_->base_->release(d.peer, d.in.slot);
+        link_->takeEarly(d, true);
         if (member) {
           link_->left(state_, d.peer);
         } else {
@@ -100,6 +99,7 @@ class Link::Channel final : public Transport, private Board {
         }
         return true;
       }
+      link_->takeEarly(d, false);
       if (!d.copied) link_->hold(d.peer, 1);
       state_.queue.push_back(std::move(d));
       return true;
