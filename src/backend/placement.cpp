@@ -2,6 +2,9 @@
 // host, RDMA to the others over the group's own meshes (one per rail) or
 // over connections an earlier group of the process shares
 // (docs/decisions/009, 010, 011 and 019).
+#include <cstdlib>
+#include <string_view>
+
 #include "rdmacc/environment.hpp"
 #include "src/backend/shared_links.hpp"
 #include "src/backend/verbs_backend_impl.hpp"
@@ -42,6 +45,21 @@ void VerbsBackend::Impl::makeRails(const Options& options, const std::vector<boo
                     .deferStart = defer,
                     .transportConnects = true}));
   }
+}
+
+// The device tests fail one rank's formation on purpose
+// (RDMACC_TEST_FAIL_FORMATION=STEP:GROUP): "exchanged" after the host
+// records were exchanged, before the group chose its connections, "placed"
+// right after the choice. What the group's peers and the connections they
+// share see then is only testable end to end, and nothing else fails one
+// rank there at will. From the environment, not the configuration: no
+// user sets it, and docs/configuration.md does not list it.
+void VerbsBackend::Impl::failFormationForTest(std::string_view step) const {
+  const char* value = std::getenv("RDMACC_TEST_FAIL_FORMATION");
+  if (value == nullptr || fmt::format("{}:{}", step, group) != value) return;
+  throw Error(ErrorKind::Internal, fmt::format("group {}: formation failed on purpose once {} "
+                                               "(RDMACC_TEST_FAIL_FORMATION)",
+                                               group, step));
 }
 
 bool VerbsBackend::Impl::lazyConnections() const {
@@ -93,6 +111,7 @@ VerbsBackend::Impl::Placement VerbsBackend::Impl::placePeers(const Options& opti
                    rdmaRecord.empty() ? "-" : rdmaRecord, offers.line},
                   &carried));
   for (const auto& lines : carried) p.shmRecords.push_back(lines[0]);
+  failFormationForTest("exchanged");
   p.shm.assign(static_cast<size_t>(size), false);
   std::vector<int> remote;
   for (int peer = 0; peer < size; ++peer) {

@@ -103,6 +103,7 @@ VerbsBackend::VerbsBackend(std::shared_ptr<Store> store, int rank, int size, Opt
   }
   if (!s.store) invalid("VerbsBackend needs a store", "pass a TCPStore, FileStore or HashStore");
   const Impl::Placement placement = s.placePeers(options);
+  s.failFormationForTest("placed");
   s.choice = AlgorithmChoice(s.config, std::move(tuning), s.hosts, size);
   logStartup(s.config, rank, size, s.group, s.meshesUsed(),
              static_cast<size_t>(std::count(placement.shm.begin(), placement.shm.end(), true)),

@@ -123,6 +123,7 @@ struct VerbsBackend::Impl {
     std::string suits;                        // the settings its connections are made with
   };
   Placement placePeers(const Options& options);
+  void failFormationForTest(std::string_view step) const;
   bool lazyConnections() const;
   void makeRails(const Options& options, const std::vector<bool>& skip, bool defer);
   void startRails(const std::vector<bool>& shm,

@@ -4,6 +4,7 @@
 // alone. Run under
 // `rdmacc-run -n 8` (a multiple of 4) with RDMACC_TRANSPORT=rdma.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,10 +42,12 @@ const GroupEnvironment& job() {
 }
 
 // A group of `members` (job ranks, in group-rank order) that holds this rank.
-std::shared_ptr<VerbsBackend> subgroup(const std::string& name, const std::vector<int>& members) {
+std::shared_ptr<VerbsBackend> subgroup(const std::string& name, const std::vector<int>& members,
+                                       std::chrono::milliseconds timeout = -1ms) {
   const auto at = std::find(members.begin(), members.end(), job().rank);
   VerbsBackend::Options options;
   options.groupName = name;
+  options.timeout = timeout;
   options.config["RDMACC_SHARE_CONNECTIONS"] = "1";  // the default, whatever the environment says
   return std::make_shared<VerbsBackend>(job().store, static_cast<int>(at - members.begin()),
                                         static_cast<int>(members.size()), options);
@@ -218,6 +221,55 @@ TEST(SharedConnections, GroupsOutliveTheGroupThatMadeTheConnections) {
   exercise(*col, shape[1].members);
   row->barrier()->wait();
   col->barrier()->wait();
+}
+
+// A group whose formation fails on one rank (RDMACC_TEST_FAIL_FORMATION),
+// before it chose the world's connections ("exchanged") or right after
+// ("placed"): its peers' first operation fails naming the rank (at once on
+// its leave message, else at the operation's timeout), and the world over
+// the same queue pairs keeps every rank. Before the choice the peers write
+// their one-shot board entries (an 8-byte allreduce) into the failed
+// rank's region, which it keeps: freed, the write's remote access error
+// would break the queue pair and the world with it. After the choice the
+// leave message mostly arrives first; the region kept after a leave is
+// InProcess.OverASharedLinkAnAbandonedGroupsBoardStaysWritable's case.
+TEST(SharedConnections, AFormationThatFailsOnOneRankBreaksOnlyItsGroup) {
+  const int rank = job().rank, size = job().size;
+  constexpr int kFailing = 1;
+  std::vector<int> all(static_cast<size_t>(size));
+  std::iota(all.begin(), all.end(), 0);
+  for (const std::string step : {"exchanged", "placed"}) {
+    const std::string name = "fail-" + step;
+    // No thread of rdmacc runs here yet: the world of the step before is gone.
+    if (rank == kFailing) ::setenv("RDMACC_TEST_FAIL_FORMATION", (step + ":" + name).c_str(), 1);
+    auto w = world("fail-world-" + step);
+    exercise(*w, all);  // every pair connected: the group attaches to them
+    std::shared_ptr<VerbsBackend> g;
+    try {
+      g = subgroup(name, all, 10s);
+    } catch (const Error& e) {
+      if (rank == kFailing) {
+        EXPECT_NE(std::string(e.what()).find("on purpose"), std::string::npos) << e.what();
+      } else {
+        EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos)
+            << step << ": " << e.what();
+      }
+    }
+    EXPECT_TRUE(rank != kFailing || !g) << step << ": the group formed where it was to fail";
+    if (g) {
+      int64_t x = rank;
+      std::vector<Tensor> t{Tensor{&x, 1, DataType::Int64}};
+      try {
+        g->allreduce(t)->wait(120s);
+        ADD_FAILURE() << step << ", rank " << rank << ": an allreduce completed without rank 1";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos)
+            << step << ": " << e.what();
+      }
+    }
+    exercise(*w, all);
+    w->barrier()->wait();
+  }
 }
 
 }  // namespace
